@@ -1,0 +1,1 @@
+// placeholder for modules that have no sources yet

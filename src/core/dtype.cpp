@@ -1,0 +1,83 @@
+#include "core/dtype.h"
+
+#include "core/check.h"
+
+namespace osprey {
+
+std::string_view dtype_name(DType t) {
+  switch (t) {
+    case DType::kF32: return "F32";
+    case DType::kF16: return "F16";
+    case DType::kBF16: return "BF16";
+    case DType::kI32: return "I32";
+    case DType::kI64: return "I64";
+    case DType::kU8: return "U8";
+    case DType::kQ8_0: return "Q8_0";
+    case DType::kQ4_0: return "Q4_0";
+    case DType::kQ4_1: return "Q4_1";
+  }
+  return "?";
+}
+
+std::optional<DType> dtype_from_name(std::string_view n) {
+  for (DType t : {DType::kF32, DType::kF16, DType::kBF16, DType::kI32, DType::kI64, DType::kU8,
+                  DType::kQ8_0, DType::kQ4_0, DType::kQ4_1}) {
+    if (dtype_name(t) == n) return t;
+  }
+  return std::nullopt;
+}
+
+void dequantize_row(DType t, const void* src, float* out, int64_t cols) {
+  switch (t) {
+    case DType::kF32:
+      std::memcpy(out, src, static_cast<size_t>(cols) * 4);
+      return;
+    case DType::kF16: {
+      const auto* p = static_cast<const uint16_t*>(src);
+      for (int64_t i = 0; i < cols; ++i) out[i] = fp16_to_f32(p[i]);
+      return;
+    }
+    case DType::kBF16: {
+      const auto* p = static_cast<const uint16_t*>(src);
+      for (int64_t i = 0; i < cols; ++i) out[i] = bf16_to_f32(p[i]);
+      return;
+    }
+    case DType::kQ8_0: {
+      const auto* b = static_cast<const BlockQ8_0*>(src);
+      for (int64_t k = 0; k < cols / kQuantBlock; ++k) {
+        const float d = fp16_to_f32(b[k].d);
+        for (int j = 0; j < kQuantBlock; ++j) out[k * kQuantBlock + j] = d * static_cast<float>(b[k].qs[j]);
+      }
+      return;
+    }
+    case DType::kQ4_0: {
+      const auto* b = static_cast<const BlockQ4_0*>(src);
+      for (int64_t k = 0; k < cols / kQuantBlock; ++k) {
+        const float d = fp16_to_f32(b[k].d);
+        float* o = out + k * kQuantBlock;
+        for (int j = 0; j < 16; ++j) {
+          o[j] = d * static_cast<float>((b[k].qs[j] & 0x0f) - 8);
+          o[j + 16] = d * static_cast<float>((b[k].qs[j] >> 4) - 8);
+        }
+      }
+      return;
+    }
+    case DType::kQ4_1: {
+      const auto* b = static_cast<const BlockQ4_1*>(src);
+      for (int64_t k = 0; k < cols / kQuantBlock; ++k) {
+        const float d = fp16_to_f32(b[k].d);
+        const float m = fp16_to_f32(b[k].m);
+        float* o = out + k * kQuantBlock;
+        for (int j = 0; j < 16; ++j) {
+          o[j] = d * static_cast<float>(b[k].qs[j] & 0x0f) + m;
+          o[j + 16] = d * static_cast<float>(b[k].qs[j] >> 4) + m;
+        }
+      }
+      return;
+    }
+    default:
+      OSP_CHECK_MSG(false, "dequantize_row: unsupported dtype " << dtype_name(t));
+  }
+}
+
+}  // namespace osprey

@@ -1,0 +1,158 @@
+// Element types, including the block-quantised weight formats shared by the
+// loader and the backends, and scalar fp16/bf16 conversions.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <string_view>
+
+namespace osprey {
+
+enum class DType : uint8_t {
+  kF32,
+  kF16,
+  kBF16,
+  kI32,
+  kI64,
+  kU8,
+  kQ8_0,  // blocks of 32: fp16 scale d, 32 x int8 q; x = d * q
+  kQ4_0,  // blocks of 32: fp16 scale d, 16 bytes of nibbles; x = d * (q - 8)
+  kQ4_1,  // blocks of 32: fp16 scale d, fp16 min m, 16 bytes of nibbles; x = d * q + m
+};
+
+// Nibble layout of Q4_0/Q4_1 (as in GGUF): byte j of qs holds element j in its
+// low nibble and element j + 16 in its high nibble.
+struct BlockQ8_0 {
+  uint16_t d;
+  int8_t qs[32];
+};
+struct BlockQ4_0 {
+  uint16_t d;
+  uint8_t qs[16];
+};
+struct BlockQ4_1 {
+  uint16_t d;
+  uint16_t m;
+  uint8_t qs[16];
+};
+static_assert(sizeof(BlockQ8_0) == 34);
+static_assert(sizeof(BlockQ4_0) == 18);
+static_assert(sizeof(BlockQ4_1) == 20);
+
+constexpr int kQuantBlock = 32;
+
+std::string_view dtype_name(DType t);
+std::optional<DType> dtype_from_name(std::string_view name);
+
+// Elements per storage block (1 for plain types, 32 for the quantised ones).
+constexpr int64_t dtype_block_elems(DType t) {
+  switch (t) {
+    case DType::kQ8_0:
+    case DType::kQ4_0:
+    case DType::kQ4_1: return kQuantBlock;
+    default: return 1;
+  }
+}
+
+// Bytes per storage block.
+constexpr int64_t dtype_block_bytes(DType t) {
+  switch (t) {
+    case DType::kF32: return 4;
+    case DType::kF16: return 2;
+    case DType::kBF16: return 2;
+    case DType::kI32: return 4;
+    case DType::kI64: return 8;
+    case DType::kU8: return 1;
+    case DType::kQ8_0: return sizeof(BlockQ8_0);
+    case DType::kQ4_0: return sizeof(BlockQ4_0);
+    case DType::kQ4_1: return sizeof(BlockQ4_1);
+  }
+  return 0;
+}
+
+constexpr bool dtype_is_quantized(DType t) { return dtype_block_elems(t) > 1; }
+
+// Bytes of one row of `cols` elements; cols must be a multiple of the block
+// size for quantised types (checked by callers that accept files).
+constexpr int64_t dtype_row_bytes(DType t, int64_t cols) {
+  return cols / dtype_block_elems(t) * dtype_block_bytes(t);
+}
+
+// ---- scalar conversions ------------------------------------------------------
+
+inline float fp16_to_f32(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1fu;
+  uint32_t mant = h & 0x3ffu;
+  uint32_t bits;
+  if (exp == 0) {
+    if (mant == 0) {
+      bits = sign;
+    } else {  // subnormal: normalise
+      int e = -1;
+      do {
+        ++e;
+        mant <<= 1;
+      } while ((mant & 0x400u) == 0);
+      bits = sign | static_cast<uint32_t>(127 - 15 - e) << 23 | (mant & 0x3ffu) << 13;
+    }
+  } else if (exp == 0x1f) {
+    bits = sign | 0x7f800000u | mant << 13;
+  } else {
+    bits = sign | (exp + 127 - 15) << 23 | mant << 13;
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// Round to nearest even.
+inline uint16_t f32_to_fp16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  const uint32_t absx = x & 0x7fffffffu;
+  if (absx >= 0x7f800000u) return static_cast<uint16_t>(sign | 0x7c00u | (absx > 0x7f800000u ? 0x200u : 0));
+  if (absx >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow to inf
+  if (absx < 0x38800000u) {  // subnormal or zero in fp16
+    if (absx < 0x33000000u) return static_cast<uint16_t>(sign);
+    const uint32_t e = absx >> 23;
+    uint32_t m = (absx & 0x7fffffu) | 0x800000u;
+    const uint32_t shift = 126 - e;  // 14..24
+    uint32_t r = m >> (shift - 1 + 0);
+    // r has one extra bit for rounding after shifting by (shift - 1)
+    const uint32_t rest = m & ((1u << (shift - 1)) - 1);
+    uint32_t h = r >> 1;
+    if ((r & 1u) && (rest || (h & 1u))) ++h;
+    return static_cast<uint16_t>(sign | h);
+  }
+  uint32_t h = ((absx >> 13) - ((127 - 15) << 10));
+  const uint32_t rem = absx & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;
+  return static_cast<uint16_t>(sign | h);
+}
+
+inline float bf16_to_f32(uint16_t b) {
+  const uint32_t bits = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// Round to nearest even; NaN stays NaN.
+inline uint16_t f32_to_bf16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);
+  x += 0x7fffu + ((x >> 16) & 1u);
+  return static_cast<uint16_t>(x >> 16);
+}
+
+// Dequantise one row of `cols` elements of type t (any dtype except the
+// integer ones) into out[cols] fp32. Portable reference used by tests and by
+// the loader; backends have their own fast paths.
+void dequantize_row(DType t, const void* src, float* out, int64_t cols);
+
+}  // namespace osprey

@@ -1,0 +1,69 @@
+// Model: a loaded decoder-only transformer bound to a backend. One
+// implementation serves every supported architecture; per-architecture
+// options live in ArchOptions (src/model/arch_registry.h).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/forward_batch.h"
+#include "model/model_config.h"
+#include "ops/backend.h"
+#include "osprey/status.h"
+
+namespace osprey {
+
+class GgufFile;
+struct LoadedWeights;
+
+struct ModelLoadOptions {
+  // "auto" (safetensors or GGUF by path), or "dummy" (random weights from the
+  // config alone, for benchmarks of real shapes).
+  std::string load_format = "auto";
+};
+
+class Model {
+ public:
+  ~Model();
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+
+  // path: a Hugging Face folder (config.json + safetensors) or a .gguf file.
+  static Expected<std::unique_ptr<Model>> load(const std::string& path, ops::Backend& backend,
+                                               const ModelLoadOptions& options = {});
+
+  const ModelConfig& config() const { return config_; }
+  ops::Backend& backend() const { return *backend_; }
+  // The GGUF file the model came from (vocabulary, chat template), or null.
+  const GgufFile* gguf() const;
+  // The folder or file the model was loaded from.
+  const std::string& path() const { return path_; }
+  // Storage dtypes of the weights, e.g. {"Q4_1": 120, "F32": 61}.
+  std::vector<std::pair<std::string, int>> weight_dtype_counts() const;
+  size_t weight_bytes() const;
+
+  // Bytes of KV cache per token (all layers, K and V).
+  size_t kv_bytes_per_token() const;
+  // Allocates a paged KV cache on the backend: num_blocks pages of block_size tokens.
+  KvCache allocate_kv(int num_blocks, int block_size);
+  void free_kv(KvCache& kv);
+
+  // Allocates step buffers for up to max_tokens tokens and max_logit_rows
+  // logit rows per forward. Must be called before forward.
+  void reserve(int max_tokens, int max_logit_rows);
+
+  // Runs one step. logits: [batch.num_logit_rows, vocab_size] F32 on the
+  // backend's device, valid until the next forward.
+  Tensor forward(const ForwardBatch& batch, KvCache& kv);
+
+ private:
+  Model();
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  ModelConfig config_;
+  ops::Backend* backend_ = nullptr;
+  std::string path_;
+};
+
+}  // namespace osprey
