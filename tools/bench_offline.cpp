@@ -1,0 +1,213 @@
+#include "bench_offline.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <fstream>
+#include <mutex>
+#include <random>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "osprey/engine.h"
+
+namespace osprey {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0, Clock::time_point t1) {
+  return std::chrono::duration<double>(t1 - t0).count();
+}
+
+struct Timing {
+  Clock::time_point submitted, first_token, last_token;
+  int num_tokens = 0;
+  bool failed = false;
+};
+
+struct RunResult {
+  double wall_s = 0;
+  int64_t generated = 0;
+  std::vector<Timing> timings;
+  double tokens_per_s() const { return wall_s > 0 ? generated / wall_s : 0; }
+  double mean_ttft_ms() const {
+    double s = 0;
+    for (auto& t : timings) s += seconds_since(t.submitted, t.first_token);
+    return timings.empty() ? 0 : 1000 * s / timings.size();
+  }
+  double mean_tpot_ms() const {
+    double s = 0;
+    int n = 0;
+    for (auto& t : timings)
+      if (t.num_tokens > 1) {
+        s += seconds_since(t.first_token, t.last_token) / (t.num_tokens - 1);
+        ++n;
+      }
+    return n ? 1000 * s / n : 0;
+  }
+};
+
+// Submits all prompts at once and waits for all of them.
+RunResult run_requests(Engine& engine, const std::vector<std::vector<int32_t>>& prompts, int max_tokens) {
+  RunResult rr;
+  rr.timings.resize(prompts.size());
+  std::mutex mu;
+  std::condition_variable cv;
+  size_t done = 0;
+  const auto t0 = Clock::now();
+  std::vector<std::shared_ptr<RequestStream>> keep;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    Request r;
+    r.prompt_token_ids = prompts[i];
+    r.params.temperature = 0.0f;
+    r.params.max_tokens = max_tokens;
+    r.params.ignore_eos = true;
+    Timing* t = &rr.timings[i];
+    t->submitted = Clock::now();
+    auto s = engine.submit(r, [&, t](const RequestOutput& out) {
+      const auto now = Clock::now();
+      std::lock_guard<std::mutex> lock(mu);
+      for (auto& o : out.outputs) {
+        if (!o.token_ids.empty() && t->num_tokens == 0) t->first_token = now;
+        if (!o.token_ids.empty()) t->last_token = now;
+        t->num_tokens += static_cast<int>(o.token_ids.size());
+      }
+      if (out.finished) {
+        t->failed = !out.error.ok();
+        ++done;
+        cv.notify_all();
+      }
+    });
+    if (!s.ok()) {
+      std::fprintf(stderr, "submit failed: %s\n", s.status().to_string().c_str());
+      std::lock_guard<std::mutex> lock(mu);
+      t->failed = true;
+      ++done;
+      continue;
+    }
+    keep.push_back(*s);
+  }
+  std::unique_lock<std::mutex> lock(mu);
+  cv.wait(lock, [&] { return done == prompts.size(); });
+  rr.wall_s = seconds_since(t0, Clock::now());
+  for (auto& t : rr.timings) rr.generated += t.num_tokens;
+  return rr;
+}
+
+std::vector<int32_t> random_tokens(std::mt19937& rng, int n, int vocab) {
+  // Ids away from the ends of the vocabulary, where special tokens usually live.
+  std::uniform_int_distribution<int> d(std::min(1000, vocab / 4), std::max(vocab - 1000, vocab / 2));
+  std::vector<int32_t> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+}  // namespace
+
+int run_bench_offline(const BenchOfflineOptions& o) {
+  EngineConfig cfg;
+  cfg.model_path = o.model_path;
+  cfg.num_threads = o.num_threads;
+  cfg.kv_cache_bytes = o.kv_cache_bytes;
+  cfg.max_num_batched_tokens = o.max_num_batched_tokens;
+  cfg.max_num_seqs = std::max(o.num_requests, 1);
+  nlohmann::json report;
+  report["model"] = o.model_path;
+  std::mt19937 rng(1234);
+
+  if (o.mode == "throughput" || o.mode == "all") {
+    cfg.enable_prefix_caching = false;  // measure compute, not reuse
+    auto engine = Engine::create(cfg);
+    if (!engine.ok()) {
+      std::fprintf(stderr, "error: %s\n", engine.status().to_string().c_str());
+      return 1;
+    }
+    const int vocab = (*engine)->model_info().vocab_size;
+    std::vector<std::vector<int32_t>> prompts;
+    for (int i = 0; i < o.num_requests; ++i) prompts.push_back(random_tokens(rng, o.input_len, vocab));
+    // Warm-up: one short request (page faults, thread start).
+    run_requests(**engine, {prompts[0]}, 2);
+    RunResult seq;
+    const auto t0 = Clock::now();
+    for (int i = 0; i < std::min(o.num_sequential, o.num_requests); ++i) {
+      RunResult one = run_requests(**engine, {prompts[i]}, o.output_len);
+      seq.generated += one.generated;
+      seq.timings.push_back(one.timings[0]);
+    }
+    seq.wall_s = seconds_since(t0, Clock::now());
+    RunResult conc = run_requests(**engine, prompts, o.output_len);
+    std::printf("throughput: input %d, output %d tokens, %d concurrent requests\n", o.input_len, o.output_len,
+                o.num_requests);
+    std::printf("  %-14s %12s %12s %12s\n", "", "tokens/s", "TTFT ms", "TPOT ms");
+    std::printf("  %-14s %12.1f %12.1f %12.2f\n", "one at a time", seq.tokens_per_s(), seq.mean_ttft_ms(),
+                seq.mean_tpot_ms());
+    std::printf("  %-14s %12.1f %12.1f %12.2f\n", "concurrent", conc.tokens_per_s(), conc.mean_ttft_ms(),
+                conc.mean_tpot_ms());
+    const double speedup = seq.tokens_per_s() > 0 ? conc.tokens_per_s() / seq.tokens_per_s() : 0;
+    std::printf("  speedup %.2fx\n", speedup);
+    report["throughput"] = {{"input_len", o.input_len},
+                            {"output_len", o.output_len},
+                            {"num_requests", o.num_requests},
+                            {"sequential", {{"tokens_per_s", seq.tokens_per_s()},
+                                            {"ttft_ms", seq.mean_ttft_ms()},
+                                            {"tpot_ms", seq.mean_tpot_ms()}}},
+                            {"concurrent", {{"tokens_per_s", conc.tokens_per_s()},
+                                            {"ttft_ms", conc.mean_ttft_ms()},
+                                            {"tpot_ms", conc.mean_tpot_ms()}}},
+                            {"speedup", speedup}};
+  }
+
+  if (o.mode == "prefix" || o.mode == "all") {
+    cfg.enable_prefix_caching = true;
+    auto engine = Engine::create(cfg);
+    if (!engine.ok()) {
+      std::fprintf(stderr, "error: %s\n", engine.status().to_string().c_str());
+      return 1;
+    }
+    const int vocab = (*engine)->model_info().vocab_size;
+    run_requests(**engine, {random_tokens(rng, 16, vocab)}, 2);  // warm-up
+    double cold_ms = 0, warm_ms = 0;
+    for (int trial = 0; trial < o.prefix_trials; ++trial) {
+      auto prefix = random_tokens(rng, o.shared_prefix_len, vocab);
+      auto make = [&] {
+        auto p = prefix;
+        auto s = random_tokens(rng, o.suffix_len, vocab);
+        p.insert(p.end(), s.begin(), s.end());
+        return p;
+      };
+      RunResult cold = run_requests(**engine, {make()}, 1);  // a new prefix: nothing cached
+      RunResult warm = run_requests(**engine, {make()}, 1);  // same prefix, new suffix
+      cold_ms += cold.mean_ttft_ms();
+      warm_ms += warm.mean_ttft_ms();
+    }
+    cold_ms /= std::max(1, o.prefix_trials);
+    warm_ms /= std::max(1, o.prefix_trials);
+    const EngineStats st = (*engine)->stats();
+    std::printf("prefix cache: %d-token shared prefix + %d-token suffix, %d trials\n", o.shared_prefix_len,
+                o.suffix_len, o.prefix_trials);
+    std::printf("  TTFT cold %.1f ms, warm %.1f ms: %.2fx; hit rate %.1f%%\n", cold_ms, warm_ms,
+                warm_ms > 0 ? cold_ms / warm_ms : 0.0, 100 * st.prefix_hit_rate);
+    report["prefix"] = {{"shared_prefix_len", o.shared_prefix_len},
+                        {"suffix_len", o.suffix_len},
+                        {"ttft_cold_ms", cold_ms},
+                        {"ttft_warm_ms", warm_ms},
+                        {"speedup", warm_ms > 0 ? cold_ms / warm_ms : 0.0},
+                        {"hit_rate", st.prefix_hit_rate}};
+  }
+  if (!o.json_path.empty()) {
+    std::ofstream f(o.json_path);
+    if (!f) {
+      std::fprintf(stderr, "error: cannot write %s\n", o.json_path.c_str());
+      return 1;
+    }
+    f << report.dump(2) << "\n";
+  }
+  return 0;
+}
+
+}  // namespace osprey

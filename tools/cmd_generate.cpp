@@ -1,0 +1,133 @@
+// osprey generate: one prompt (or one chat turn through the model's own chat
+// template), the answer streamed to stdout, then a line of timings.
+#include <chrono>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "osprey/engine.h"
+#include "osprey/model_info.h"
+#include "osprey/text.h"
+
+namespace osprey::cli {
+
+namespace {
+
+struct GenerateOptions {
+  std::string model = "default";
+  std::string prompt;
+  std::string system;
+  bool chat = false;
+  int max_tokens = 128;
+  float temperature = 0.0f;
+  float top_p = 1.0f;
+  int top_k = 0;
+  int64_t seed = -1;
+  int threads = 0;
+  bool ignore_eos = false;
+  bool quiet_timings = false;
+};
+
+int run_generate(const GenerateOptions& o) {
+  auto path = resolve_model_path(o.model);
+  if (!path.ok()) {
+    std::fprintf(stderr, "osprey: %s\n", path.status().to_string().c_str());
+    return 1;
+  }
+  EngineConfig config;
+  config.model_path = *path;
+  config.num_threads = o.threads;
+  auto engine = Engine::create(config);
+  if (!engine.ok()) {
+    std::fprintf(stderr, "osprey: %s\n", engine.status().to_string().c_str());
+    return 1;
+  }
+
+  Request req;
+  req.params.max_tokens = o.max_tokens;
+  req.params.temperature = o.temperature;
+  req.params.top_p = o.top_p;
+  req.params.top_k = o.top_k;
+  req.params.ignore_eos = o.ignore_eos;
+  if (o.seed >= 0) req.params.seed = static_cast<uint64_t>(o.seed);
+  if (o.chat) {
+    auto text = (*engine)->text();
+    nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+    if (!o.system.empty()) messages.push_back({{"role", "system"}, {"content", o.system}});
+    messages.push_back({{"role", "user"}, {"content", o.prompt}});
+    auto rendered = text->apply_chat_template(messages, nullptr, true, nlohmann::ordered_json::object());
+    if (!rendered.ok()) {
+      std::fprintf(stderr, "osprey: %s\n", rendered.status().to_string().c_str());
+      return 1;
+    }
+    req.prompt = *rendered;
+    req.add_special_tokens = false;  // the template already placed them (as transformers does)
+  } else {
+    req.prompt = o.prompt;
+  }
+
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  auto stream = (*engine)->submit(std::move(req));
+  if (!stream.ok()) {
+    std::fprintf(stderr, "osprey: %s\n", stream.status().to_string().c_str());
+    return 1;
+  }
+  Clock::time_point first_token;
+  bool have_first = false;
+  Usage usage;
+  FinishReason finish = FinishReason::kNone;
+  Status error;
+  while (auto out = (*stream)->next()) {
+    for (const CompletionOutput& c : out->outputs) {
+      if (!have_first && !c.token_ids.empty()) {
+        first_token = Clock::now();
+        have_first = true;
+      }
+      std::fwrite(c.text.data(), 1, c.text.size(), stdout);
+      std::fflush(stdout);
+      if (c.finish_reason != FinishReason::kNone) finish = c.finish_reason;
+    }
+    usage = out->usage;
+    if (out->finished) error = out->error;
+  }
+  const auto end = Clock::now();
+  std::printf("\n");
+  if (!error.ok()) {
+    std::fprintf(stderr, "osprey: %s\n", error.to_string().c_str());
+    return 1;
+  }
+  if (!o.quiet_timings) {
+    const double ttft = std::chrono::duration<double>(first_token - start).count();
+    const double decode = std::chrono::duration<double>(end - first_token).count();
+    const int decoded = usage.completion_tokens - 1;
+    std::fprintf(stderr,
+                 "[osprey] prompt %d tokens in %.3f s (%.1f tokens/s) | decode %d tokens in %.3f s (%.1f tokens/s) | "
+                 "finish: %s\n",
+                 usage.prompt_tokens, ttft, ttft > 0 ? usage.prompt_tokens / ttft : 0.0, decoded, decode,
+                 decode > 0 && decoded > 0 ? decoded / decode : 0.0, finish_reason_name(finish));
+  }
+  return 0;
+}
+
+}  // namespace
+
+void add_generate_command(CLI::App& app) {
+  auto o = std::make_shared<GenerateOptions>();
+  auto* cmd = app.add_subcommand("generate", "Generate text from a prompt, streamed to stdout");
+  cmd->add_option("--model", o->model, "Model folder, .gguf file, or 'default'");
+  cmd->add_option("--prompt", o->prompt, "Prompt text (the user message with --chat)")->required();
+  cmd->add_flag("--chat", o->chat, "Send the prompt as a chat message through the model's chat template");
+  cmd->add_option("--system", o->system, "System message (with --chat)");
+  cmd->add_option("--max-tokens", o->max_tokens, "Tokens to generate at most")->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--temperature", o->temperature, "Sampling temperature (0 = greedy)")->check(CLI::Range(0.0, 100.0));
+  cmd->add_option("--top-p", o->top_p, "Nucleus sampling probability mass")->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--top-k", o->top_k, "Sample among the k most likely tokens (0 = off)");
+  cmd->add_option("--seed", o->seed, "Random seed (default: random)");
+  cmd->add_option("--threads", o->threads, "Compute threads (default: all cores)");
+  cmd->add_flag("--ignore-eos", o->ignore_eos, "Keep generating past the end-of-sequence token");
+  cmd->add_flag("--no-timings", o->quiet_timings, "Do not print the timings line");
+  cmd->callback([o] { exit_code() = run_generate(*o); });
+}
+
+}  // namespace osprey::cli

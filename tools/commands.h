@@ -1,0 +1,17 @@
+// Subcommands of the `osprey` CLI. Each registers itself on the app and runs
+// through its callback; tools use only include/osprey.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace osprey::cli {
+
+void add_info_command(CLI::App& app);
+void add_text_commands(CLI::App& app);  // tokenize, detokenize, template
+void add_generate_command(CLI::App& app);
+void add_bench_command(CLI::App& app);
+
+// Set by a command's callback; main returns it.
+int& exit_code();
+
+}  // namespace osprey::cli
