@@ -102,5 +102,9 @@ class Backend {
 };
 
 std::unique_ptr<Backend> make_cpu_backend(int num_threads);
+#ifdef OSPREY_HAVE_CUDA
+// Null when the device cannot be opened (the reason goes to stderr).
+std::unique_ptr<Backend> make_cuda_backend(int device_index);
+#endif
 
 }  // namespace osprey::ops

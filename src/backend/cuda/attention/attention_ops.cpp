@@ -1,0 +1,110 @@
+// CudaBackend::kv_write and paged_attention: shape checks, the split plan,
+// and the kernel launches (kernels in kv_write.cu and paged_attention.cu).
+#include <algorithm>
+
+#include "backend/cuda/cuda_backend_impl.h"
+#include "backend/cuda/kernels.h"
+#include "core/check.h"
+
+namespace osprey::cuda {
+namespace {
+
+// A split below this many keys costs more in the merge than it saves.
+constexpr int kMinKeysPerSplit = 256;
+constexpr int kMaxSplits = 32;
+
+bool is_kv_dtype(DType t) {
+  return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16;
+}
+
+void check_cache(const ops::LayerKv& kv, int64_t hk, int64_t hd) {
+  OSP_CHECK_EQ(kv.k.ndim(), 4);
+  OSP_CHECK_EQ(kv.v.ndim(), 4);
+  for (int i = 0; i < 4; ++i) OSP_CHECK_EQ(kv.k.dim(i), kv.v.dim(i));
+  OSP_CHECK_MSG(kv.k.dtype() == kv.v.dtype(), "K and V pages differ in dtype");
+  OSP_CHECK_MSG(is_kv_dtype(kv.k.dtype()), "KV pages must be F32, F16 or BF16, got " << dtype_name(kv.k.dtype()));
+  OSP_CHECK_MSG(kv.k.device() == Device::kCuda && kv.v.device() == Device::kCuda, "KV pages must be on the device");
+  OSP_CHECK_EQ(kv.k.dim(2), hk);
+  OSP_CHECK_EQ(kv.k.dim(3), hd);
+}
+
+}  // namespace
+
+void CudaBackend::kv_write(const Tensor& k, const Tensor& v, const ops::AttentionBatch& batch, ops::LayerKv& kv) {
+  OSP_CHECK_MSG(k.dtype() == DType::kF32 && v.dtype() == DType::kF32, "kv_write k, v must be F32");
+  OSP_CHECK_MSG(k.device() == Device::kCuda && v.device() == Device::kCuda, "kv_write k, v must be on the device");
+  OSP_CHECK_EQ(k.ndim(), 3);
+  OSP_CHECK_EQ(v.ndim(), 3);
+  for (int i = 0; i < 3; ++i) OSP_CHECK_EQ(k.dim(i), v.dim(i));
+  OSP_CHECK_EQ(k.dim(0), batch.num_tokens);
+  check_cache(kv, k.dim(1), k.dim(2));
+  if (batch.num_tokens == 0) return;
+  bind_device();
+  launch_kv_write(k.data_as<float>(), v.data_as<float>(), batch.slot_mapping, batch.num_tokens,
+                  static_cast<int>(k.dim(1)), static_cast<int>(k.dim(2)), kv.k.dtype(), kv.k.data(), kv.v.data(),
+                  kv.k.dim(0) * kv.k.dim(1), stream_);
+}
+
+void CudaBackend::paged_attention(const Tensor& q, const ops::LayerKv& kv, const ops::AttentionBatch& batch,
+                                  float scale, int sliding_window, Tensor& out) {
+  OSP_CHECK_MSG(q.dtype() == DType::kF32 && out.dtype() == DType::kF32, "paged_attention q, out must be F32");
+  OSP_CHECK_MSG(q.device() == Device::kCuda && out.device() == Device::kCuda,
+                "paged_attention q, out must be on the device");
+  OSP_CHECK_EQ(q.ndim(), 3);
+  OSP_CHECK_EQ(out.numel(), q.numel());
+  OSP_CHECK_EQ(q.dim(0), batch.num_tokens);
+  const int hq = static_cast<int>(q.dim(1));
+  const int hd = static_cast<int>(q.dim(2));
+  OSP_CHECK_EQ(kv.k.ndim(), 4);
+  const int hk = static_cast<int>(kv.k.dim(2));
+  check_cache(kv, hk, hd);
+  OSP_CHECK_MSG(hk > 0 && hq % hk == 0, "query heads " << hq << " not a multiple of KV heads " << hk);
+  OSP_CHECK_MSG(hd <= kMaxHeadDim, "head_dim " << hd << " exceeds " << kMaxHeadDim);
+  OSP_CHECK_GE(sliding_window, 0);
+  if (batch.num_tokens == 0 || batch.num_seqs == 0) return;
+  bind_device();
+
+  PagedAttentionArgs a;
+  a.q = q.data_as<float>();
+  a.k_cache = kv.k.data();
+  a.v_cache = kv.v.data();
+  a.kv_dtype = kv.k.dtype();
+  a.num_blocks = static_cast<int>(kv.k.dim(0));
+  a.block_size = static_cast<int>(kv.k.dim(1));
+  a.hq = hq;
+  a.hk = hk;
+  a.hd = hd;
+  a.num_seqs = batch.num_seqs;
+  a.num_tokens = batch.num_tokens;
+  a.max_q_len = batch.max_q_len;
+  a.max_kv_len = batch.max_kv_len;
+  a.q_indptr = batch.q_indptr;
+  a.kv_lens = batch.kv_lens;
+  a.block_indptr = batch.block_indptr;
+  a.block_indices = batch.block_indices;
+  a.positions = batch.positions;
+  a.scale = scale;
+  a.window = sliding_window;
+  a.out = out.data_as<float>();
+
+  // Split the KV range when the tiles alone leave most SMs idle.
+  int splits = options_.attention_splits;
+  if (splits <= 0) {
+    splits = 1;
+    const int64_t blocks = int64_t{batch.num_seqs} * attention_tiles_per_seq(batch.max_q_len, hq / hk) * hk;
+    if (batch.max_kv_len >= 2 * kMinKeysPerSplit && blocks < 2 * int64_t{num_sms_}) {
+      const int64_t by_len = batch.max_kv_len / kMinKeysPerSplit;
+      const int64_t by_sms = (2 * int64_t{num_sms_} + blocks - 1) / blocks;
+      splits = static_cast<int>(std::clamp<int64_t>(std::min(by_len, by_sms), 1, kMaxSplits));
+    }
+  }
+  a.num_splits = splits;
+  if (splits > 1) {
+    const size_t rows = static_cast<size_t>(splits) * static_cast<size_t>(batch.num_tokens) * static_cast<size_t>(hq);
+    a.part_acc = attn_acc_.reserve_as<float>(rows * static_cast<size_t>(hd), stream_);
+    a.part_ml = attn_ml_.reserve_as<float>(rows * 2, stream_);
+  }
+  launch_paged_attention(a, stream_);
+}
+
+}  // namespace osprey::cuda

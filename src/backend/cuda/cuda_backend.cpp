@@ -1,0 +1,284 @@
+// CudaBackend: construction, memory, copies and the row-wise ops.
+#include "backend/cuda/cuda_backend_impl.h"
+
+#include <cstdio>
+#include <cstring>
+
+#include "backend/cuda/kernels.h"
+#include "core/check.h"
+
+namespace osprey::cuda {
+namespace detail {
+
+const char* cublas_status_string(cublasStatus_t s) {
+  switch (s) {
+    case CUBLAS_STATUS_SUCCESS:
+      return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_NOT_INITIALIZED:
+      return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED:
+      return "CUBLAS_STATUS_ALLOC_FAILED";
+    case CUBLAS_STATUS_INVALID_VALUE:
+      return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_ARCH_MISMATCH:
+      return "CUBLAS_STATUS_ARCH_MISMATCH";
+    case CUBLAS_STATUS_MAPPING_ERROR:
+      return "CUBLAS_STATUS_MAPPING_ERROR";
+    case CUBLAS_STATUS_EXECUTION_FAILED:
+      return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case CUBLAS_STATUS_INTERNAL_ERROR:
+      return "CUBLAS_STATUS_INTERNAL_ERROR";
+    case CUBLAS_STATUS_NOT_SUPPORTED:
+      return "CUBLAS_STATUS_NOT_SUPPORTED";
+    case CUBLAS_STATUS_LICENSE_ERROR:
+      return "CUBLAS_STATUS_LICENSE_ERROR";
+  }
+  return "unknown cuBLAS status";
+}
+
+}  // namespace detail
+
+namespace {
+
+constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
+
+void check_cuda_f32(const Tensor& t, const char* what) {
+  OSP_CHECK_MSG(t.dtype() == DType::kF32, what << " must be F32, got " << dtype_name(t.dtype()));
+  OSP_CHECK_MSG(t.device() == Device::kCuda, what << " must be in CUDA device memory");
+}
+
+}  // namespace
+
+int device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();  // clear the sticky-free error so later calls start clean
+    return 0;
+  }
+  return n;
+}
+
+CudaBackend::CudaBackend(const CudaBackendOptions& options) : options_(options) {
+  const int count = device_count();
+  if (options.device_index < 0 || options.device_index >= count) {
+    error_ = "CUDA device " + std::to_string(options.device_index) + " is not available (" + std::to_string(count) +
+             " device(s) found)";
+    return;
+  }
+  if (cudaSetDevice(options.device_index) != cudaSuccess) {
+    error_ = "cannot open CUDA device " + std::to_string(options.device_index) + ": " +
+             cudaGetErrorString(cudaGetLastError());
+    return;
+  }
+  cudaDeviceProp prop{};
+  OSP_CUDA_CHECK(cudaGetDeviceProperties(&prop, options.device_index));
+  num_sms_ = prop.multiProcessorCount;
+  if (prop.major < 8) {
+    error_ = std::string("CUDA device ") + prop.name + " has compute capability " + std::to_string(prop.major) + "." +
+             std::to_string(prop.minor) + "; osprey needs 8.0 or newer";
+    return;
+  }
+  name_ = "cuda:" + std::to_string(options.device_index) + " (" + prop.name + ")";
+  OSP_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  OSP_CUBLAS_CHECK(cublasCreate(&cublas_));
+  OSP_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
+  // Our own workspace: no allocation inside cuBLAS calls (and graph capture later).
+  OSP_CUBLAS_CHECK(
+      cublasSetWorkspace(cublas_, cublas_workspace_.reserve(kCublasWorkspaceBytes, stream_), kCublasWorkspaceBytes));
+  // Default math: fp32 GEMMs stay fp32 (no TF32); F16/BF16 inputs use tensor cores.
+  OSP_CUBLAS_CHECK(cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH));
+}
+
+CudaBackend::~CudaBackend() {
+  if (stream_) {
+    bind_device();
+    OSP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+  if (cublas_) OSP_CUBLAS_CHECK(cublasDestroy(cublas_));
+  // Buffers go before the stream they were used on.
+  cublas_workspace_.reset();
+  act_scratch_.reset();
+  panel_scratch_.reset();
+  attn_acc_.reset();
+  attn_ml_.reset();
+  rope_freq_.reset();
+  if (stream_) OSP_CUDA_CHECK(cudaStreamDestroy(stream_));
+}
+
+void CudaBackend::bind_device() const {
+  int current = -1;
+  OSP_CUDA_CHECK(cudaGetDevice(&current));
+  if (current != options_.device_index) OSP_CUDA_CHECK(cudaSetDevice(options_.device_index));
+}
+
+// ---- memory -------------------------------------------------------------------
+
+void* CudaBackend::alloc(size_t bytes) {
+  bind_device();
+  void* p = nullptr;
+  const size_t rounded = std::max<size_t>(256, (bytes + 255) / 256 * 256);
+  const cudaError_t err = cudaMalloc(&p, rounded);
+  if (err == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();  // out of memory is an expected failure: report it by returning null
+    return nullptr;
+  }
+  OSP_CUDA_CHECK(err);
+  OSP_CUDA_CHECK(cudaMemsetAsync(p, 0, rounded, stream_));
+  return p;
+}
+
+void CudaBackend::free(void* p) {
+  if (!p) return;
+  bind_device();
+  OSP_CUDA_CHECK(cudaStreamSynchronize(stream_));  // queued work may still use p
+  OSP_CUDA_CHECK(cudaFree(p));
+}
+
+void CudaBackend::copy_to_device(void* dst, const void* src, size_t bytes) {
+  if (!bytes) return;
+  bind_device();
+  // From pageable memory the call returns once src has been staged, so the
+  // caller may reuse src at once; cudaMemcpyDefault also takes device sources.
+  OSP_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_));
+}
+
+void CudaBackend::copy_to_host(void* dst, const void* src, size_t bytes) {
+  if (!bytes) return;
+  bind_device();
+  OSP_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_));
+  OSP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaBackend::synchronize() {
+  bind_device();
+  OSP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+// ---- row-wise ops -------------------------------------------------------------
+
+void CudaBackend::embedding(const Tensor& table, const int32_t* ids, Tensor& out) {
+  check_cuda_f32(out, "embedding out");
+  OSP_CHECK_MSG(table.device() == Device::kCuda, "embedding table must be in CUDA device memory");
+  OSP_CHECK_EQ(table.ndim(), 2);
+  const int64_t d = table.dim(1);
+  OSP_CHECK_EQ(out.cols(), d);
+  bind_device();
+  launch_embedding(table.dtype(), table.data(), table.row_bytes(), table.dim(0), d, ids, out.rows(),
+                   out.data_as<float>(), stream_);
+}
+
+void CudaBackend::rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& out) {
+  check_cuda_f32(x, "rms_norm x");
+  check_cuda_f32(w, "rms_norm w");
+  check_cuda_f32(out, "rms_norm out");
+  OSP_CHECK_EQ(w.numel(), x.cols());
+  OSP_CHECK_EQ(out.numel(), x.numel());
+  bind_device();
+  launch_rms_norm(x.data_as<float>(), w.data_as<float>(), eps, x.rows(), x.cols(), out.data_as<float>(), stream_);
+}
+
+void CudaBackend::add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& w, float eps, Tensor& out) {
+  check_cuda_f32(residual, "add_rms_norm residual");
+  check_cuda_f32(x, "add_rms_norm x");
+  check_cuda_f32(w, "add_rms_norm w");
+  check_cuda_f32(out, "add_rms_norm out");
+  OSP_CHECK_EQ(x.numel(), residual.numel());
+  OSP_CHECK_EQ(out.numel(), residual.numel());
+  OSP_CHECK_EQ(w.numel(), residual.cols());
+  bind_device();
+  launch_add_rms_norm(residual.data_as<float>(), x.data_as<float>(), w.data_as<float>(), eps, residual.rows(),
+                      residual.cols(), out.data_as<float>(), stream_);
+}
+
+void CudaBackend::add(Tensor& x, const Tensor& y) {
+  check_cuda_f32(x, "add x");
+  check_cuda_f32(y, "add y");
+  OSP_CHECK_EQ(x.numel(), y.numel());
+  bind_device();
+  launch_add(x.data_as<float>(), y.data_as<float>(), x.numel(), stream_);
+}
+
+void CudaBackend::head_rms_norm(Tensor& x, const Tensor& w, float eps) {
+  check_cuda_f32(x, "head_rms_norm x");
+  check_cuda_f32(w, "head_rms_norm w");
+  OSP_CHECK_EQ(w.numel(), x.cols());
+  bind_device();
+  launch_rms_norm(x.data_as<float>(), w.data_as<float>(), eps, x.rows(), x.cols(), x.data_as<float>(), stream_);
+}
+
+const float* CudaBackend::device_inv_freq(const ops::RopeTable& table) {
+  if (table.inv_freq != last_inv_freq_) {
+    cudaPointerAttributes attr{};
+    OSP_CUDA_CHECK(cudaPointerGetAttributes(&attr, table.inv_freq));
+    last_inv_freq_ = table.inv_freq;
+    last_inv_freq_on_device_ = attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
+  }
+  if (last_inv_freq_on_device_) return table.inv_freq;
+  // Host table: copied every call, since its contents may have changed.
+  const size_t bytes = static_cast<size_t>(table.rotary_dim / 2) * sizeof(float);
+  void* dst = rope_freq_.reserve(bytes, stream_);
+  OSP_CUDA_CHECK(cudaMemcpyAsync(dst, table.inv_freq, bytes, cudaMemcpyDefault, stream_));
+  return static_cast<const float*>(dst);
+}
+
+void CudaBackend::rope(Tensor& q, Tensor& k, const int32_t* positions, const ops::RopeTable& table) {
+  check_cuda_f32(q, "rope q");
+  check_cuda_f32(k, "rope k");
+  OSP_CHECK_EQ(q.ndim(), 3);
+  OSP_CHECK_EQ(k.ndim(), 3);
+  OSP_CHECK_EQ(k.dim(0), q.dim(0));
+  OSP_CHECK_EQ(k.dim(2), q.dim(2));
+  OSP_CHECK(table.inv_freq != nullptr);
+  const int hd = static_cast<int>(q.dim(2));
+  OSP_CHECK(table.rotary_dim > 0 && table.rotary_dim % 2 == 0 && table.rotary_dim <= hd);
+  if (q.dim(0) == 0) return;
+  bind_device();
+  launch_rope(q.data_as<float>(), k.data_as<float>(), positions, q.dim(0), static_cast<int>(q.dim(1)),
+              static_cast<int>(k.dim(1)), hd, device_inv_freq(table), table.rotary_dim, table.attention_scaling,
+              stream_);
+}
+
+void CudaBackend::silu_mul(const Tensor& gate_up, Tensor& out) {
+  check_cuda_f32(gate_up, "silu_mul gate_up");
+  check_cuda_f32(out, "silu_mul out");
+  OSP_CHECK_EQ(gate_up.cols(), 2 * out.cols());
+  OSP_CHECK_EQ(gate_up.rows(), out.rows());
+  bind_device();
+  launch_silu_mul(gate_up.data_as<float>(), out.rows(), out.cols(), out.data_as<float>(), stream_);
+}
+
+void CudaBackend::gather_rows(const Tensor& x, const int32_t* rows, int num_rows, Tensor& out) {
+  OSP_CHECK_MSG(x.dtype() == out.dtype(), "gather_rows: x and out differ in dtype");
+  OSP_CHECK_EQ(x.cols(), out.cols());
+  OSP_CHECK_GE(out.rows(), num_rows);
+  OSP_CHECK_GE(num_rows, 0);
+  OSP_CHECK_MSG(x.device() == Device::kCuda && out.device() == Device::kCuda,
+                "gather_rows tensors must be in CUDA device memory");
+  bind_device();
+  launch_gather_rows(x.data(), x.row_bytes(), x.rows(), rows, num_rows, out.data(), stream_);
+}
+
+}  // namespace osprey::cuda
+
+namespace osprey::cuda {
+
+std::unique_ptr<ops::Backend> make_cuda_backend(const CudaBackendOptions& options) {
+  auto backend = std::make_unique<CudaBackend>(options);
+  if (!backend->ok()) {
+    std::fprintf(stderr, "osprey: %s\n", backend->error().c_str());
+    return nullptr;
+  }
+  return backend;
+}
+
+}  // namespace osprey::cuda
+
+namespace osprey::ops {
+
+std::unique_ptr<Backend> make_cuda_backend(int device_index) {
+  cuda::CudaBackendOptions o;
+  o.device_index = device_index;
+  return cuda::make_cuda_backend(o);
+}
+
+}  // namespace osprey::ops

@@ -1,0 +1,39 @@
+// The CUDA backend: ops::Backend on one NVIDIA GPU and one compute stream.
+// Plain C++ header (no CUDA headers), so code built without nvcc can include
+// it behind OSPREY_HAVE_CUDA.
+#pragma once
+
+#include <memory>
+
+#include "ops/backend.h"
+
+namespace osprey::cuda {
+
+struct CudaBackendOptions {
+  int device_index = 0;
+  // F16/BF16 weights with more than a few activation rows: false converts the
+  // activations to the weight dtype and multiplies on tensor cores (fp32
+  // accumulate), as GPU engines do; true upcasts the weights to fp32 in
+  // scratch panels so the product is computed in fp32 end to end, matching
+  // the CPU backend (for parity tests; slower).
+  bool exact_fp32_matmul = false;
+  // Splits of the KV range in paged attention: 0 chooses per step from the
+  // shapes and the SM count; > 0 forces that many (tests of the merge path).
+  int attention_splits = 0;
+};
+
+// Number of CUDA devices the driver reports; 0 when there is no driver or GPU.
+int device_count();
+
+// Null when the device cannot be opened (no driver, no such device); the
+// reason is printed to stderr.
+std::unique_ptr<ops::Backend> make_cuda_backend(const CudaBackendOptions& options);
+
+}  // namespace osprey::cuda
+
+namespace osprey::ops {
+
+// The ops-level factory: make_cuda_backend(CudaBackendOptions{device_index}).
+std::unique_ptr<Backend> make_cuda_backend(int device_index);
+
+}  // namespace osprey::ops

@@ -1,0 +1,86 @@
+// CudaBackend: ops::Backend on one GPU. Every op enqueues on one compute
+// stream owned by the backend; only copy_to_host and synchronize wait for it.
+// Scratch (converted activations, dequantised weight panels, attention
+// partials, the cuBLAS workspace) is reserved on first use and grows only,
+// so steady-state steps allocate nothing.
+//
+// Files: cuda_backend.cpp (construction, memory, row-wise ops),
+// gemm/matmul.cpp (matmul dispatch), attention/attention_ops.cpp (kv_write,
+// paged_attention); kernels in the .cu files named in kernels.h.
+#pragma once
+
+#include <string>
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/device_buffer.h"
+#include "ops/backend.h"
+
+namespace osprey::cuda {
+
+class CudaBackend final : public ops::Backend {
+ public:
+  // Opens the device; check ok() afterwards (error() says why not).
+  explicit CudaBackend(const CudaBackendOptions& options);
+  ~CudaBackend() override;
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  bool ok() const { return error_.empty(); }
+  const std::string& error() const { return error_; }
+
+  Device device() const override { return Device::kCuda; }
+  const char* name() const override { return name_.c_str(); }
+
+  void* alloc(size_t bytes) override;
+  void free(void* p) override;
+  void copy_to_device(void* dst, const void* src, size_t bytes) override;
+  void copy_to_host(void* dst, const void* src, size_t bytes) override;
+  void synchronize() override;
+
+  void embedding(const Tensor& table, const int32_t* ids, Tensor& out) override;
+  void rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& out) override;
+  void add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& w, float eps, Tensor& out) override;
+  void add(Tensor& x, const Tensor& y) override;
+  void matmul(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out) override;
+  void head_rms_norm(Tensor& x, const Tensor& w, float eps) override;
+  void rope(Tensor& q, Tensor& k, const int32_t* positions, const ops::RopeTable& table) override;
+  void silu_mul(const Tensor& gate_up, Tensor& out) override;
+  void kv_write(const Tensor& k, const Tensor& v, const ops::AttentionBatch& batch, ops::LayerKv& kv) override;
+  void paged_attention(const Tensor& q, const ops::LayerKv& kv, const ops::AttentionBatch& batch, float scale,
+                       int sliding_window, Tensor& out) override;
+  void gather_rows(const Tensor& x, const int32_t* rows, int num_rows, Tensor& out) override;
+
+  cudaStream_t stream() const { return stream_; }
+  int num_sms() const { return num_sms_; }
+
+ private:
+  // Makes this backend's device current on the calling thread (the engine
+  // may call from a thread other than the one that built the backend).
+  void bind_device() const;
+  // fp32 GEMM through cuBLAS: out[n, ldo] columns [0, m) = x[n, k] @ w[m, k]^T
+  // (+ out when accumulate), w of type a_type (F32, F16 or BF16).
+  void gemm(const void* w, cudaDataType_t w_type, const void* x, cudaDataType_t x_type, int64_t n, int64_t m, int64_t k,
+            float* out, int64_t ldo, bool accumulate);
+  const float* device_inv_freq(const ops::RopeTable& table);
+
+  CudaBackendOptions options_;
+  std::string error_;
+  std::string name_;
+  int num_sms_ = 0;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+
+  DeviceBuffer cublas_workspace_;
+  DeviceBuffer act_scratch_;    // activations converted to F16/BF16
+  DeviceBuffer panel_scratch_;  // dequantised fp32 weight panels
+  DeviceBuffer attn_acc_;       // split attention partials
+  DeviceBuffer attn_ml_;
+  DeviceBuffer rope_freq_;                // inv_freq copied from host memory
+  const float* last_inv_freq_ = nullptr;  // last RopeTable pointer seen and whether it was device memory
+  bool last_inv_freq_on_device_ = false;
+};
+
+}  // namespace osprey::cuda

@@ -1,0 +1,150 @@
+// Device helpers shared by the kernels: warp reductions, half/bfloat16
+// loads, and dequantisation of the weight formats of core/dtype.h.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace osprey::cuda {
+
+inline int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Sum over the whole block; every thread gets the result. blockDim.x is a
+// multiple of 32 and at most 1024; `shared` holds 32 floats.
+__device__ __forceinline__ float block_sum(float v, float* shared) {
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  v = warp_sum(v);
+  __syncthreads();  // `shared` may still be read by a previous call
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  const int num_warps = blockDim.x >> 5;
+  float t = lane < num_warps ? shared[lane] : 0.0f;
+  return warp_sum(t);
+}
+
+__device__ __forceinline__ float half_bits_to_float(uint16_t h) {
+  return __half2float(__ushort_as_half(h));
+}
+__device__ __forceinline__ float bf16_bits_to_float(uint16_t b) {
+  return __uint_as_float(static_cast<uint32_t>(b) << 16);
+}
+
+// Conversions used for KV pages of F16/BF16 (round to nearest even).
+template <class T>
+__device__ __forceinline__ float to_float(T v);
+template <>
+__device__ __forceinline__ float to_float<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ float to_float<__half>(__half v) {
+  return __half2float(v);
+}
+template <>
+__device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+
+template <class T>
+__device__ __forceinline__ T from_float(float v);
+template <>
+__device__ __forceinline__ float from_float<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ __half from_float<__half>(float v) {
+  return __float2half_rn(v);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+// Element i of a weight row of dtype T (slow path: one element at a time).
+template <DType T>
+__device__ __forceinline__ float load_weight(const char* row, int64_t i) {
+  if constexpr (T == DType::kF32) {
+    return reinterpret_cast<const float*>(row)[i];
+  } else if constexpr (T == DType::kF16) {
+    return half_bits_to_float(reinterpret_cast<const uint16_t*>(row)[i]);
+  } else if constexpr (T == DType::kBF16) {
+    return bf16_bits_to_float(reinterpret_cast<const uint16_t*>(row)[i]);
+  } else if constexpr (T == DType::kQ8_0) {
+    const auto* b = reinterpret_cast<const BlockQ8_0*>(row) + i / kQuantBlock;
+    return half_bits_to_float(b->d) * static_cast<float>(b->qs[i % kQuantBlock]);
+  } else if constexpr (T == DType::kQ4_0) {
+    const auto* b = reinterpret_cast<const BlockQ4_0*>(row) + i / kQuantBlock;
+    const int j = static_cast<int>(i % kQuantBlock);
+    const int q = j < 16 ? (b->qs[j] & 0x0f) : (b->qs[j - 16] >> 4);
+    return half_bits_to_float(b->d) * static_cast<float>(q - 8);
+  } else {
+    static_assert(T == DType::kQ4_1, "unsupported weight dtype");
+    const auto* b = reinterpret_cast<const BlockQ4_1*>(row) + i / kQuantBlock;
+    const int j = static_cast<int>(i % kQuantBlock);
+    const int q = j < 16 ? (b->qs[j] & 0x0f) : (b->qs[j - 16] >> 4);
+    return half_bits_to_float(b->d) * static_cast<float>(q) + half_bits_to_float(b->m);
+  }
+}
+
+// Dequantises one whole block of 32 elements into out[32].
+template <DType T>
+__device__ __forceinline__ void dequant_block(const void* block, float out[kQuantBlock]) {
+  if constexpr (T == DType::kQ8_0) {
+    const auto* b = static_cast<const BlockQ8_0*>(block);
+    const float d = half_bits_to_float(b->d);
+    // qs starts 2 bytes into a 34-byte block: 2-byte loads are aligned.
+    const auto* q2 = reinterpret_cast<const uint16_t*>(b->qs);
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const uint16_t v = q2[j];
+      out[2 * j] = d * static_cast<float>(static_cast<int8_t>(v & 0xff));
+      out[2 * j + 1] = d * static_cast<float>(static_cast<int8_t>(v >> 8));
+    }
+  } else if constexpr (T == DType::kQ4_0) {
+    const auto* b = static_cast<const BlockQ4_0*>(block);
+    const float d = half_bits_to_float(b->d);
+    const auto* q2 = reinterpret_cast<const uint16_t*>(b->qs);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const uint16_t v = q2[j];
+      out[2 * j] = d * static_cast<float>(static_cast<int>(v & 0x0f) - 8);
+      out[2 * j + 1] = d * static_cast<float>(static_cast<int>((v >> 8) & 0x0f) - 8);
+      out[2 * j + 16] = d * static_cast<float>(static_cast<int>((v >> 4) & 0x0f) - 8);
+      out[2 * j + 17] = d * static_cast<float>(static_cast<int>(v >> 12) - 8);
+    }
+  } else {
+    static_assert(T == DType::kQ4_1, "dequant_block takes the quantised dtypes");
+    const auto* b = static_cast<const BlockQ4_1*>(block);
+    const float d = half_bits_to_float(b->d);
+    const float m = half_bits_to_float(b->m);
+    const auto* q2 = reinterpret_cast<const uint16_t*>(b->qs);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const uint16_t v = q2[j];
+      out[2 * j] = d * static_cast<float>(v & 0x0f) + m;
+      out[2 * j + 1] = d * static_cast<float>((v >> 8) & 0x0f) + m;
+      out[2 * j + 16] = d * static_cast<float>((v >> 4) & 0x0f) + m;
+      out[2 * j + 17] = d * static_cast<float>(v >> 12) + m;
+    }
+  }
+}
+
+}  // namespace osprey::cuda

@@ -1,0 +1,272 @@
+// kv_write and paged_attention of the CUDA backend against the CPU backend:
+// mixed prefill / chunked-prefill / decode batches, pages out of order, odd
+// block sizes, GQA and MQA ratios, head dims 16..256, F32/F16/BF16 pages,
+// sliding windows, long contexts (split KV and its merge), empty batches.
+#include <numeric>
+
+#include "gpu_test_util.h"
+
+namespace osprey::gpu_test {
+namespace {
+
+struct SeqSpec {
+  int q_len;
+  int kv_len;  // after this step; the queries are the last q_len positions
+};
+
+struct Config {
+  int hq, hk, hd, block_size;
+  DType kv_dtype;
+};
+
+std::string tag(const Config& c, int window, const std::vector<SeqSpec>& seqs) {
+  std::string s = "hq=" + std::to_string(c.hq) + " hk=" + std::to_string(c.hk) + " hd=" + std::to_string(c.hd) +
+                  " bs=" + std::to_string(c.block_size) + " kv=" + std::string(dtype_name(c.kv_dtype)) +
+                  " window=" + std::to_string(window) + " seqs=";
+  for (const auto& q : seqs) s += "(" + std::to_string(q.q_len) + "/" + std::to_string(q.kv_len) + ")";
+  return s;
+}
+
+// Random page contents of dtype t: rows of floats stored as t.
+std::vector<uint8_t> random_pages(DType t, size_t count, uint32_t seed) {
+  const auto f = random_floats(count, seed, -2.0f, 2.0f);
+  return pack(t, f, 1, static_cast<int64_t>(count));
+}
+
+// Host-side description of one attention step plus its device copy.
+struct Batch {
+  std::vector<int32_t> q_indptr{0}, kv_lens, block_indptr{0}, block_indices, positions, slots;
+  int num_blocks = 0;
+  int max_q_len = 0, max_kv_len = 0;
+
+  Batch(const std::vector<SeqSpec>& seqs, int block_size, uint32_t seed) {
+    for (const auto& s : seqs) num_blocks += (s.kv_len + block_size - 1) / block_size;
+    num_blocks += 3;  // unused pages
+    std::vector<int32_t> perm(static_cast<size_t>(num_blocks));
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), std::mt19937(seed));
+    size_t next = 0;
+    for (const auto& s : seqs) {
+      const int pages = (s.kv_len + block_size - 1) / block_size;
+      const size_t first_page = block_indices.size();
+      for (int p = 0; p < pages; ++p) block_indices.push_back(perm[next++]);
+      block_indptr.push_back(static_cast<int32_t>(block_indices.size()));
+      for (int i = 0; i < s.q_len; ++i) {
+        const int pos = s.kv_len - s.q_len + i;
+        positions.push_back(pos);
+        slots.push_back(block_indices[first_page + static_cast<size_t>(pos / block_size)] * block_size +
+                        pos % block_size);
+      }
+      q_indptr.push_back(static_cast<int32_t>(positions.size()));
+      kv_lens.push_back(s.kv_len);
+      max_q_len = std::max(max_q_len, s.q_len);
+      max_kv_len = std::max(max_kv_len, s.kv_len);
+    }
+  }
+  int num_tokens() const { return static_cast<int>(positions.size()); }
+  int num_seqs() const { return static_cast<int>(kv_lens.size()); }
+
+  ops::AttentionBatch host() const {
+    ops::AttentionBatch b;
+    fill(b);
+    b.q_indptr = q_indptr.data();
+    b.kv_lens = kv_lens.data();
+    b.block_indptr = block_indptr.data();
+    b.block_indices = block_indices.data();
+    b.positions = positions.data();
+    b.slot_mapping = slots.data();
+    return b;
+  }
+  void fill(ops::AttentionBatch& b) const {
+    b.num_seqs = num_seqs();
+    b.num_tokens = num_tokens();
+    b.max_q_len = max_q_len;
+    b.max_kv_len = max_kv_len;
+  }
+};
+
+struct DeviceBatch {
+  DeviceMem q_indptr, kv_lens, block_indptr, block_indices, positions, slots;
+  ops::AttentionBatch b;
+  DeviceBatch(ops::Backend& be, const Batch& h)
+      : q_indptr(upload(be, h.q_indptr)),
+        kv_lens(upload(be, h.kv_lens)),
+        block_indptr(upload(be, h.block_indptr)),
+        block_indices(upload(be, h.block_indices)),
+        positions(upload(be, h.positions)),
+        slots(upload(be, h.slots)) {
+    h.fill(b);
+    b.q_indptr = q_indptr.as<int32_t>();
+    b.kv_lens = kv_lens.as<int32_t>();
+    b.block_indptr = block_indptr.as<int32_t>();
+    b.block_indices = block_indices.as<int32_t>();
+    b.positions = positions.as<int32_t>();
+    b.slot_mapping = slots.as<int32_t>();
+  }
+};
+
+// Runs paged_attention on both backends over random pages and queries.
+void check_attention(ops::Backend& gpu, ops::Backend& cpu, const Config& c, const std::vector<SeqSpec>& seqs,
+                     int window, uint32_t seed) {
+  const std::string what = tag(c, window, seqs);
+  Batch h(seqs, c.block_size, seed);
+  const int64_t n = h.num_tokens();
+  const size_t page_elems = static_cast<size_t>(h.num_blocks) * c.block_size * c.hk * c.hd;
+  auto kp = random_pages(c.kv_dtype, page_elems, seed + 1);
+  auto vp = random_pages(c.kv_dtype, page_elems, seed + 2);
+  auto q = random_floats(static_cast<size_t>(n * c.hq * c.hd), seed + 3, -2.0f, 2.0f);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
+
+  std::vector<float> ref(q.size());
+  {
+    ops::LayerKv kv;
+    kv.k = Tensor(kp.data(), c.kv_dtype, {h.num_blocks, c.block_size, c.hk, c.hd});
+    kv.v = Tensor(vp.data(), c.kv_dtype, {h.num_blocks, c.block_size, c.hk, c.hd});
+    Tensor qt(q.data(), DType::kF32, {n, c.hq, c.hd}), ot(ref.data(), DType::kF32, {n, c.hq, c.hd});
+    const ops::AttentionBatch b = h.host();
+    cpu.paged_attention(qt, kv, b, scale, window, ot);
+  }
+  DeviceBatch db(gpu, h);
+  DeviceMem gk = upload(gpu, kp), gv = upload(gpu, vp), gq = upload(gpu, q);
+  DeviceMem go(gpu, std::max<size_t>(1, q.size()) * 4);
+  ops::LayerKv kv;
+  kv.k = Tensor(gk.get(), c.kv_dtype, {h.num_blocks, c.block_size, c.hk, c.hd}, Device::kCuda);
+  kv.v = Tensor(gv.get(), c.kv_dtype, {h.num_blocks, c.block_size, c.hk, c.hd}, Device::kCuda);
+  Tensor qt = dev_tensor(gq, DType::kF32, {n, c.hq, c.hd}), ot = dev_tensor(go, DType::kF32, {n, c.hq, c.hd});
+  gpu.paged_attention(qt, kv, db.b, scale, window, ot);
+  expect_close(download<float>(gpu, go, q.size()), ref, 1e-10, 1e-5, what);
+}
+
+const std::vector<SeqSpec> kMixed = {{37, 37}, {1, 100}, {20, 70}, {1, 1}, {0, 5}, {16, 32}, {3, 17}};
+
+class AttentionTest : public GpuTest {};
+
+TEST_F(AttentionTest, MixedBatchesAcrossHeadShapes) {
+  uint32_t seed = 1;
+  for (Config c :
+       {Config{4, 4, 64, 16, DType::kF32}, Config{8, 2, 128, 16, DType::kF32}, Config{9, 3, 64, 7, DType::kF32},
+        Config{8, 1, 128, 16, DType::kF32}, Config{4, 2, 16, 16, DType::kF32}, Config{6, 2, 96, 5, DType::kF32},
+        Config{4, 4, 256, 16, DType::kF32}, Config{2, 1, 80, 1, DType::kF32}, Config{32, 8, 128, 16, DType::kF32},
+        Config{16, 1, 64, 32, DType::kF32}}) {
+    check_attention(gpu(), cpu(), c, kMixed, 0, seed += 7);
+  }
+}
+
+TEST_F(AttentionTest, HalfPrecisionPages) {
+  uint32_t seed = 100;
+  for (DType t : {DType::kF16, DType::kBF16}) {
+    for (Config c : {Config{8, 2, 128, 16, t}, Config{9, 3, 64, 7, t}, Config{4, 4, 256, 16, t}}) {
+      c.kv_dtype = t;
+      check_attention(gpu(), cpu(), c, kMixed, 0, seed += 7);
+    }
+  }
+}
+
+TEST_F(AttentionTest, SlidingWindow) {
+  uint32_t seed = 200;
+  for (int window : {1, 5, 16, 64}) {
+    check_attention(gpu(), cpu(), Config{8, 2, 64, 16, DType::kF32}, kMixed, window, seed += 7);
+    check_attention(gpu(), cpu(), Config{4, 4, 128, 7, DType::kF32}, {{1, 500}, {40, 90}}, window, seed += 7);
+  }
+}
+
+TEST_F(AttentionTest, SingleTokenAndSingleSequence) {
+  uint32_t seed = 300;
+  check_attention(gpu(), cpu(), Config{4, 2, 64, 16, DType::kF32}, {{1, 1}}, 0, seed += 7);
+  check_attention(gpu(), cpu(), Config{4, 2, 64, 16, DType::kF32}, {{1, 16}}, 0, seed += 7);
+  check_attention(gpu(), cpu(), Config{4, 2, 64, 16, DType::kF32}, {{1, 17}}, 0, seed += 7);
+  check_attention(gpu(), cpu(), Config{4, 2, 128, 16, DType::kF32}, {{200, 200}}, 0, seed += 7);
+}
+
+// Few work tiles and long KV: the planner splits the KV range.
+TEST_F(AttentionTest, LongContextDecodeSplits) {
+  uint32_t seed = 400;
+  check_attention(gpu(), cpu(), Config{32, 8, 128, 16, DType::kF32}, {{1, 3000}, {1, 1234}, {1, 17}}, 0, seed += 7);
+  check_attention(gpu(), cpu(), Config{8, 1, 64, 16, DType::kBF16}, {{1, 5000}}, 0, seed += 7);
+  check_attention(gpu(), cpu(), Config{4, 4, 128, 16, DType::kF32}, {{1, 4097}, {3, 2000}}, 64, seed += 7);
+}
+
+TEST_F(AttentionTest, ManyDecodeSequences) {
+  std::vector<SeqSpec> seqs;
+  std::mt19937 rng(5);
+  for (int i = 0; i < 64; ++i) seqs.push_back({1, 1 + static_cast<int>(rng() % 300)});
+  check_attention(gpu(), cpu(), Config{32, 8, 128, 16, DType::kF16}, seqs, 0, 500);
+}
+
+TEST_F(AttentionTest, EmptyBatchLeavesOutputAlone) {
+  const Config c{4, 2, 64, 16, DType::kF32};
+  Batch h({}, c.block_size, 1);
+  DeviceBatch db(gpu(), h);
+  DeviceMem gk(gpu(), 3 * 16 * 2 * 64 * 4), gv(gpu(), 3 * 16 * 2 * 64 * 4), gq(gpu(), 4), go(gpu(), 16);
+  std::vector<float> sentinel(4, 9.0f);
+  gpu().copy_to_device(go.get(), sentinel.data(), 16);
+  ops::LayerKv kv;
+  kv.k = Tensor(gk.get(), DType::kF32, {3, 16, 2, 64}, Device::kCuda);
+  kv.v = Tensor(gv.get(), DType::kF32, {3, 16, 2, 64}, Device::kCuda);
+  Tensor qt(gq.get(), DType::kF32, {0, 4, 64}, Device::kCuda), ot(go.get(), DType::kF32, {0, 4, 64}, Device::kCuda);
+  gpu().paged_attention(qt, kv, db.b, 0.125f, 0, ot);
+  Tensor k0(gq.get(), DType::kF32, {0, 2, 64}, Device::kCuda);
+  gpu().kv_write(k0, k0, db.b, kv);
+  EXPECT_EQ(download<float>(gpu(), go, 4), sentinel);
+}
+
+class AttentionSplitTest : public GpuTest {
+ protected:
+  cuda::CudaBackendOptions gpu_options() const override {
+    cuda::CudaBackendOptions o;
+    o.attention_splits = splits_;
+    return o;
+  }
+  int splits_ = 1;
+};
+
+// Forced splits on short and mixed batches: every row goes through the merge,
+// including splits whose key range is empty for some rows.
+TEST_F(AttentionSplitTest, ForcedSplitsMatch) {
+  uint32_t seed = 600;
+  for (int splits : {2, 3, 7, 40}) {
+    splits_ = splits;
+    gpu_ = cuda::make_cuda_backend(gpu_options());
+    ASSERT_NE(gpu_, nullptr);
+    check_attention(gpu(), cpu(), Config{8, 2, 64, 16, DType::kF32}, kMixed, 0, seed += 7);
+    check_attention(gpu(), cpu(), Config{9, 3, 128, 7, DType::kBF16}, kMixed, 5, seed += 7);
+    check_attention(gpu(), cpu(), Config{4, 4, 64, 16, DType::kF32}, {{1, 1000}}, 0, seed += 7);
+  }
+}
+
+TEST_F(AttentionTest, KvWriteMatchesCpu) {
+  uint32_t seed = 700;
+  for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
+    for (Config c : {Config{4, 2, 64, 16, t}, Config{9, 3, 80, 7, t}}) {
+      Batch h(kMixed, c.block_size, seed++);
+      // Skip some tokens (slot -1), as the engine does for padding.
+      h.slots[1] = -1;
+      const int64_t n = h.num_tokens();
+      const size_t page_elems = static_cast<size_t>(h.num_blocks) * c.block_size * c.hk * c.hd;
+      auto kp = random_pages(t, page_elems, seed++), vp = random_pages(t, page_elems, seed++);
+      auto k = random_floats(static_cast<size_t>(n * c.hk * c.hd), seed++, -3.0f, 3.0f);
+      auto v = random_floats(static_cast<size_t>(n * c.hk * c.hd), seed++, -3.0f, 3.0f);
+      std::vector<uint8_t> rk = kp, rv = vp;
+      {
+        ops::LayerKv kv;
+        kv.k = Tensor(rk.data(), t, {h.num_blocks, c.block_size, c.hk, c.hd});
+        kv.v = Tensor(rv.data(), t, {h.num_blocks, c.block_size, c.hk, c.hd});
+        Tensor kt(k.data(), DType::kF32, {n, c.hk, c.hd}), vt(v.data(), DType::kF32, {n, c.hk, c.hd});
+        const ops::AttentionBatch b = h.host();
+        cpu().kv_write(kt, vt, b, kv);
+      }
+      DeviceBatch db(gpu(), h);
+      DeviceMem gkp = upload(gpu(), kp), gvp = upload(gpu(), vp), gk = upload(gpu(), k), gv = upload(gpu(), v);
+      ops::LayerKv kv;
+      kv.k = Tensor(gkp.get(), t, {h.num_blocks, c.block_size, c.hk, c.hd}, Device::kCuda);
+      kv.v = Tensor(gvp.get(), t, {h.num_blocks, c.block_size, c.hk, c.hd}, Device::kCuda);
+      Tensor kt = dev_tensor(gk, DType::kF32, {n, c.hk, c.hd}), vt = dev_tensor(gv, DType::kF32, {n, c.hk, c.hd});
+      gpu().kv_write(kt, vt, db.b, kv);
+      EXPECT_EQ(download<uint8_t>(gpu(), gkp, kp.size()), rk) << "K pages " << tag(c, 0, kMixed);
+      EXPECT_EQ(download<uint8_t>(gpu(), gvp, vp.size()), rv) << "V pages " << tag(c, 0, kMixed);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace osprey::gpu_test

@@ -1,0 +1,202 @@
+// Helpers for the GPU tests: random data, quantisers for every weight dtype,
+// device buffers owned through the backend, and error measures (NMSE and
+// max-abs relative to the reference's magnitude).
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "backend/cuda/cuda_backend.h"
+#include "core/dtype.h"
+#include "core/tensor.h"
+#include "ops/backend.h"
+
+namespace osprey::gpu_test {
+
+inline std::vector<float> random_floats(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) x = dist(rng);
+  return v;
+}
+
+// Packs rows x cols floats as dtype t (GGUF-style quantisers; cols % 32 == 0
+// for the quantised types).
+inline std::vector<uint8_t> pack(DType t, const std::vector<float>& src, int64_t rows, int64_t cols) {
+  std::vector<uint8_t> out(static_cast<size_t>(dtype_row_bytes(t, cols) * rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* x = src.data() + r * cols;
+    uint8_t* dst = out.data() + r * dtype_row_bytes(t, cols);
+    if (t == DType::kF32) {
+      std::memcpy(dst, x, static_cast<size_t>(cols) * 4);
+    } else if (t == DType::kF16 || t == DType::kBF16) {
+      auto* p = reinterpret_cast<uint16_t*>(dst);
+      for (int64_t i = 0; i < cols; ++i) p[i] = t == DType::kF16 ? f32_to_fp16(x[i]) : f32_to_bf16(x[i]);
+    } else {
+      for (int64_t b = 0; b < cols / 32; ++b) {
+        const float* xb = x + b * 32;
+        float mn = xb[0], mx = xb[0], amax = 0.0f, signed_max = 0.0f;
+        for (int j = 0; j < 32; ++j) {
+          mn = std::min(mn, xb[j]);
+          mx = std::max(mx, xb[j]);
+          if (std::fabs(xb[j]) > amax) {
+            amax = std::fabs(xb[j]);
+            signed_max = xb[j];
+          }
+        }
+        if (t == DType::kQ8_0) {
+          auto* blk = reinterpret_cast<BlockQ8_0*>(dst) + b;
+          const float d = amax / 127.0f, id = d ? 1.0f / d : 0.0f;
+          blk->d = f32_to_fp16(d);
+          for (int j = 0; j < 32; ++j) blk->qs[j] = static_cast<int8_t>(std::lround(xb[j] * id));
+        } else if (t == DType::kQ4_0) {
+          auto* blk = reinterpret_cast<BlockQ4_0*>(dst) + b;
+          const float d = signed_max / -8.0f, id = d ? 1.0f / d : 0.0f;
+          blk->d = f32_to_fp16(d);
+          for (int j = 0; j < 16; ++j) {
+            const int q0 = std::clamp(static_cast<int>(std::lround(xb[j] * id + 8.0f)), 0, 15);
+            const int q1 = std::clamp(static_cast<int>(std::lround(xb[j + 16] * id + 8.0f)), 0, 15);
+            blk->qs[j] = static_cast<uint8_t>(q0 | (q1 << 4));
+          }
+        } else {
+          auto* blk = reinterpret_cast<BlockQ4_1*>(dst) + b;
+          const float d = (mx - mn) / 15.0f, id = d ? 1.0f / d : 0.0f;
+          blk->d = f32_to_fp16(d);
+          blk->m = f32_to_fp16(mn);
+          for (int j = 0; j < 16; ++j) {
+            const int q0 = std::clamp(static_cast<int>(std::lround((xb[j] - mn) * id)), 0, 15);
+            const int q1 = std::clamp(static_cast<int>(std::lround((xb[j + 16] - mn) * id)), 0, 15);
+            blk->qs[j] = static_cast<uint8_t>(q0 | (q1 << 4));
+          }
+        }
+      }
+    }
+  }
+  return out;
+}
+
+// Dequantises packed rows with the portable core reference, as doubles.
+inline std::vector<double> unpack(DType t, const std::vector<uint8_t>& packed, int64_t rows, int64_t cols) {
+  std::vector<float> row(static_cast<size_t>(cols));
+  std::vector<double> out(static_cast<size_t>(rows * cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    dequantize_row(t, packed.data() + r * dtype_row_bytes(t, cols), row.data(), cols);
+    std::copy(row.begin(), row.end(), out.begin() + r * cols);
+  }
+  return out;
+}
+
+// Device memory from the backend, freed on destruction.
+class DeviceMem {
+ public:
+  DeviceMem(ops::Backend& be, size_t bytes) : be_(&be), bytes_(bytes), p_(be.alloc(bytes)) {
+    EXPECT_NE(p_, nullptr) << "device alloc of " << bytes << " bytes failed";
+  }
+  ~DeviceMem() {
+    if (p_) be_->free(p_);
+  }
+  DeviceMem(const DeviceMem&) = delete;
+  DeviceMem& operator=(const DeviceMem&) = delete;
+  DeviceMem(DeviceMem&& o) noexcept : be_(o.be_), bytes_(o.bytes_), p_(std::exchange(o.p_, nullptr)) {}
+
+  void* get() const { return p_; }
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(p_);
+  }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  ops::Backend* be_;
+  size_t bytes_;
+  void* p_;
+};
+
+template <class T>
+DeviceMem upload(ops::Backend& be, const std::vector<T>& v) {
+  DeviceMem m(be, std::max<size_t>(1, v.size() * sizeof(T)));
+  be.copy_to_device(m.get(), v.data(), v.size() * sizeof(T));
+  return m;
+}
+
+inline DeviceMem upload_bytes(ops::Backend& be, const void* p, size_t bytes) {
+  DeviceMem m(be, std::max<size_t>(1, bytes));
+  be.copy_to_device(m.get(), p, bytes);
+  return m;
+}
+
+template <class T>
+std::vector<T> download(ops::Backend& be, const DeviceMem& m, size_t count) {
+  std::vector<T> v(count);
+  be.copy_to_host(v.data(), m.get(), count * sizeof(T));
+  return v;
+}
+
+// Error of got against ref: NMSE = sum (got - ref)^2 / sum ref^2, and the
+// largest |got - ref| relative to max |ref|. NaN anywhere makes both infinite.
+struct ErrorStats {
+  double nmse = 0.0;
+  double max_rel = 0.0;
+};
+
+template <class G, class R>
+ErrorStats error_stats(const G* got, const R* ref, size_t n) {
+  double num = 0.0, den = 0.0, max_diff = 0.0, max_ref = 0.0;
+  for (size_t i = 0; i < n; ++i) {
+    const double g = static_cast<double>(got[i]), r = static_cast<double>(ref[i]);
+    const double d = g - r;
+    if (!std::isfinite(g) || !std::isfinite(r)) return {INFINITY, INFINITY};
+    num += d * d;
+    den += r * r;
+    max_diff = std::max(max_diff, std::fabs(d));
+    max_ref = std::max(max_ref, std::fabs(r));
+  }
+  ErrorStats s;
+  s.nmse = den > 0 ? num / den : (num > 0 ? INFINITY : 0.0);
+  s.max_rel = max_ref > 0 ? max_diff / max_ref : (max_diff > 0 ? INFINITY : 0.0);
+  return s;
+}
+
+template <class G, class R>
+void expect_close(const std::vector<G>& got, const std::vector<R>& ref, double max_nmse, double max_rel,
+                  const std::string& what) {
+  ASSERT_EQ(got.size(), ref.size()) << what;
+  const ErrorStats s = error_stats(got.data(), ref.data(), got.size());
+  EXPECT_LE(s.nmse, max_nmse) << what << " (max rel " << s.max_rel << ")";
+  EXPECT_LE(s.max_rel, max_rel) << what << " (nmse " << s.nmse << ")";
+}
+
+// Base fixture: a CUDA backend and the CPU reference backend. Fails (never
+// skips) when no GPU is present: this binary exists to run on one.
+class GpuTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_GT(cuda::device_count(), 0) << "no CUDA device: the GPU tests need one";
+    gpu_ = cuda::make_cuda_backend(gpu_options());
+    ASSERT_NE(gpu_, nullptr);
+    cpu_ = ops::make_cpu_backend(2);
+  }
+  virtual cuda::CudaBackendOptions gpu_options() const { return {}; }
+
+  ops::Backend& gpu() { return *gpu_; }
+  ops::Backend& cpu() { return *cpu_; }
+
+  std::unique_ptr<ops::Backend> gpu_;
+  std::unique_ptr<ops::Backend> cpu_;
+};
+
+inline Tensor dev_tensor(const DeviceMem& m, DType t, std::initializer_list<int64_t> shape) {
+  return Tensor(m.get(), t, shape, Device::kCuda);
+}
+
+}  // namespace osprey::gpu_test

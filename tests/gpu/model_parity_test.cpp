@@ -1,0 +1,312 @@
+// Model parity on the CUDA backend: every committed fixture (safetensors and
+// GGUF, all weight dtypes) through Model::load(path, cuda backend) against
+// the Hugging Face reference outputs in its expected.json, plus chunked
+// prefill == whole prefill, batched == alone, and (when a copy is present)
+// the default SmolLM2 Q4_1 model against the CPU backend.
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "batch_runner.h"
+
+namespace osprey::gpu_test {
+namespace {
+
+namespace fs = std::filesystem;
+
+// How the weights are stored: decides which matmul path the 40-token
+// prompt takes (fp32 throughout, or activations rounded to 16 bits).
+enum class Weights { kFp32Path, kF16, kBF16 };
+
+struct Case {
+  std::string name;
+  std::string model_path;
+  std::string expected_path;
+  Weights weights = Weights::kFp32Path;
+};
+
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.name;
+}
+
+std::string fixtures_root() {
+  return std::string(OSPREY_SOURCE_DIR) + "/tests/fixtures/";
+}
+
+std::vector<Case> all_cases() {
+  std::vector<Case> cases;
+  for (const char* name :
+       {"llama", "llama_gqa", "llama_mqa", "mistral", "qwen2", "qwen3", "llama_bf16", "llama_f16", "llama_sharded"}) {
+    const std::string dir = fixtures_root() + name;
+    const std::string n = name;
+    cases.push_back({n, dir, dir + "/expected.json",
+                     n == "llama_bf16"  ? Weights::kBF16
+                     : n == "llama_f16" ? Weights::kF16
+                                        : Weights::kFp32Path});
+  }
+  // GGUF fixtures: gguf_<model>/<TYPE>.gguf with <TYPE>.expected.json.
+  std::vector<fs::path> files;
+  for (const auto& dir : fs::directory_iterator(fixtures_root())) {
+    if (!dir.is_directory() || dir.path().filename().string().rfind("gguf_", 0) != 0) continue;
+    for (const auto& f : fs::directory_iterator(dir.path())) {
+      if (f.path().extension() == ".gguf") files.push_back(f.path());
+    }
+  }
+  std::sort(files.begin(), files.end());
+  for (const auto& f : files) {
+    fs::path expected = f;
+    expected.replace_extension(".expected.json");
+    if (!fs::exists(expected)) continue;
+    const std::string type = f.stem().string();
+    cases.push_back({f.parent_path().filename().string() + "_" + type, f.string(), expected.string(),
+                     type == "F16"    ? Weights::kF16
+                     : type == "BF16" ? Weights::kBF16
+                                      : Weights::kFp32Path});
+  }
+  return cases;
+}
+
+std::vector<Case> half_cases() {
+  std::vector<Case> out;
+  for (const Case& c : all_cases()) {
+    if (c.weights != Weights::kFp32Path) out.push_back(c);
+  }
+  return out;
+}
+
+nlohmann::json read_json(const std::string& path) {
+  std::ifstream in(path);
+  EXPECT_TRUE(in.good()) << "cannot open " << path;
+  return nlohmann::json::parse(in);
+}
+
+// Logit tolerances. fp32 paths: as the CPU parity test (max |diff| <= 1e-4
+// max |ref|). 16-bit activations: NMSE bound, and a greedy divergence is
+// allowed only where the reference's top-2 margin is within kHalfMargin of
+// its largest logit.
+constexpr double kFp32MaxRel = 1e-4;
+constexpr double kF16Nmse = 1e-5;
+constexpr double kBf16Nmse = 1e-4;
+constexpr double kHalfMargin = 2e-2;
+
+// OSPREY_GPU_TESTS_HARNESS_ON_CPU=1 runs the model tests on the CPU backend
+// instead: a check of this harness on machines without a GPU.
+bool harness_on_cpu() {
+  const char* v = std::getenv("OSPREY_GPU_TESTS_HARNESS_ON_CPU");
+  return v != nullptr && std::string(v) == "1";
+}
+
+class ModelParity : public ::testing::TestWithParam<Case> {
+ protected:
+  void SetUp() override {
+    if (!harness_on_cpu()) {
+      ASSERT_GT(cuda::device_count(), 0) << "no CUDA device: the GPU tests need one";
+    }
+  }
+
+  std::unique_ptr<ops::Backend> backend(bool exact) {
+    if (harness_on_cpu()) return ops::make_cpu_backend(2);
+    cuda::CudaBackendOptions o;
+    o.exact_fp32_matmul = exact;
+    return cuda::make_cuda_backend(o);
+  }
+
+  // Checks prompt logits and greedy tokens of every prompt against the reference.
+  void check_against_reference(bool exact) {
+    const Case& c = GetParam();
+    auto be = backend(exact);
+    ASSERT_NE(be, nullptr);
+    auto model = Model::load(c.model_path, *be);
+    ASSERT_TRUE(model.ok()) << model.status().to_string();
+    const nlohmann::json expected = read_json(c.expected_path);
+    const bool strict = exact || c.weights == Weights::kFp32Path;
+    const double nmse_bound = c.weights == Weights::kF16 ? kF16Nmse : kBf16Nmse;
+    ASSERT_FALSE(expected["prompts"].empty());
+    for (const auto& p : expected["prompts"]) {
+      const auto ids = p["ids"].get<std::vector<int32_t>>();
+      const auto positions = p["logits_positions"].get<std::vector<int>>();
+      const auto& ref_logits = p["logits"];
+      ASSERT_EQ(ref_logits.size(), positions.size());
+      const std::string what = c.name + " prompt of " + std::to_string(ids.size()) + " tokens";
+      {
+        BatchRunner runner(**model, 1, static_cast<int>(ids.size()) + 1, static_cast<int>(ids.size()));
+        const auto rows = runner.step({ids}, true);
+        ASSERT_EQ(rows.size(), ids.size());
+        std::vector<float> got;
+        std::vector<double> ref;
+        for (size_t i = 0; i < positions.size(); ++i) {
+          const auto& r = rows[static_cast<size_t>(positions[i])];
+          got.insert(got.end(), r.begin(), r.end());
+          for (const auto& v : ref_logits[i]) ref.push_back(v.get<double>());
+        }
+        ASSERT_EQ(got.size(), ref.size()) << what;
+        const ErrorStats e = error_stats(got.data(), ref.data(), got.size());
+        if (strict) {
+          EXPECT_LE(e.max_rel, kFp32MaxRel) << what << " logits (nmse " << e.nmse << ")";
+        } else {
+          EXPECT_LE(e.nmse, nmse_bound) << what << " logits (max rel " << e.max_rel << ")";
+        }
+      }
+      const auto ref_greedy = p["greedy"].get<std::vector<int32_t>>();
+      const auto margins = p["greedy_margins"].get<std::vector<double>>();
+      const double max_abs = p["greedy_logits_max_abs"].get<double>();  // over all greedy steps
+      ASSERT_EQ(margins.size(), ref_greedy.size());
+      BatchRunner runner(**model, 1, static_cast<int>(ids.size() + ref_greedy.size()) + 1,
+                         static_cast<int>(ids.size()));
+      std::vector<float> logits = runner.step({ids})[0];
+      for (size_t s = 0; s < ref_greedy.size(); ++s) {
+        const int32_t tok = argmax(logits);
+        if (tok != ref_greedy[s]) {
+          if (strict) {
+            ADD_FAILURE() << what << ": greedy token " << s << " is " << tok << ", reference " << ref_greedy[s]
+                          << " (reference margin " << margins[s] << ")";
+          } else {
+            EXPECT_LE(margins[s], kHalfMargin * max_abs)
+                << what << ": greedy diverges at step " << s << " where the reference's top-2 margin is " << margins[s]
+                << " of max |logit| " << max_abs;
+          }
+          break;
+        }
+        if (s + 1 < ref_greedy.size()) logits = runner.step({{tok}})[0];
+      }
+    }
+  }
+};
+
+TEST_P(ModelParity, LogitsAndGreedyMatchReference) {
+  check_against_reference(false);
+}
+
+// The 40-token prompt fed in chunks of 13, 1 and 26 tokens (earlier chunks'
+// KV read from the pages) gives the whole prefill's last logits.
+TEST_P(ModelParity, ChunkedPrefillMatchesWhole) {
+  const Case& c = GetParam();
+  auto be = backend(true);
+  ASSERT_NE(be, nullptr);
+  auto model = Model::load(c.model_path, *be);
+  ASSERT_TRUE(model.ok()) << model.status().to_string();
+  const nlohmann::json expected = read_json(c.expected_path);
+  const auto ids = expected["prompts"].back()["ids"].get<std::vector<int32_t>>();
+  ASSERT_EQ(ids.size(), 40u);
+  BatchRunner whole(**model, 1, 48, 40);
+  const auto ref = whole.step({ids})[0];
+  BatchRunner chunked(**model, 1, 48, 40);
+  std::vector<float> got;
+  size_t done = 0;
+  for (size_t len : {13u, 1u, 26u}) {
+    got = chunked.step(
+        {std::vector<int32_t>(ids.begin() + static_cast<long>(done), ids.begin() + static_cast<long>(done + len))})[0];
+    done += len;
+  }
+  expect_close(got, ref, 1e-9, kFp32MaxRel, c.name + " chunked prefill");
+}
+
+// Three sequences in one step (prompts of 40, 7 and 1 tokens, then joint
+// decode steps) give each sequence's logits when run alone.
+TEST_P(ModelParity, BatchedEqualsAlone) {
+  const Case& c = GetParam();
+  auto be = backend(true);
+  ASSERT_NE(be, nullptr);
+  auto model = Model::load(c.model_path, *be);
+  ASSERT_TRUE(model.ok()) << model.status().to_string();
+  const nlohmann::json expected = read_json(c.expected_path);
+  std::vector<std::vector<int32_t>> prompts;
+  for (const auto& p : expected["prompts"]) prompts.push_back(p["ids"].get<std::vector<int32_t>>());
+  std::reverse(prompts.begin(), prompts.end());  // longest first
+  const int steps = 12;
+  // Alone: each sequence by itself, recording the tokens it chose.
+  std::vector<std::vector<std::vector<float>>> alone(prompts.size());
+  std::vector<std::vector<int32_t>> chosen(prompts.size());
+  for (size_t s = 0; s < prompts.size(); ++s) {
+    BatchRunner r(**model, 1, 64, 64);
+    std::vector<float> l = r.step({prompts[s]})[0];
+    for (int i = 0; i < steps; ++i) {
+      alone[s].push_back(l);
+      chosen[s].push_back(argmax(l));
+      l = r.step({{chosen[s].back()}})[0];
+    }
+  }
+  BatchRunner together(**model, static_cast<int>(prompts.size()), 64, 64);
+  for (int i = 0; i < steps; ++i) {
+    std::vector<std::vector<int32_t>> feeds(prompts.size());
+    for (size_t s = 0; s < prompts.size(); ++s)
+      feeds[s] = i == 0 ? prompts[s] : std::vector<int32_t>{chosen[s][static_cast<size_t>(i - 1)]};
+    const auto rows = together.step(feeds);
+    ASSERT_EQ(rows.size(), prompts.size());
+    for (size_t s = 0; s < prompts.size(); ++s) {
+      expect_close(rows[s], alone[s][static_cast<size_t>(i)], 1e-9, kFp32MaxRel,
+                   c.name + " sequence " + std::to_string(s) + " step " + std::to_string(i));
+    }
+  }
+}
+
+std::string case_name(const ::testing::TestParamInfo<Case>& info) {
+  return info.param.name;
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, ModelParity, ::testing::ValuesIn(all_cases()), case_name);
+
+// F16/BF16 weights with exact_fp32_matmul: fp32 end to end, so the strict
+// fp32 tolerances and identical greedy tokens apply.
+class ModelParityExact : public ModelParity {};
+TEST_P(ModelParityExact, LogitsAndGreedyMatchReferenceStrictly) {
+  check_against_reference(true);
+}
+INSTANTIATE_TEST_SUITE_P(HalfFixtures, ModelParityExact, ::testing::ValuesIn(half_cases()), case_name);
+
+// ---- the default model -------------------------------------------------------
+
+// A SmolLM2 GGUF: $OSPREY_GPU_TEST_GGUF, else the default model in the cache,
+// else a truncated copy under .devdata/ (tests/gpu/make_truncated_gguf.py).
+std::string default_model_path() {
+  if (const char* env = std::getenv("OSPREY_GPU_TEST_GGUF")) return env;
+  if (const char* home = std::getenv("HOME")) {
+    const std::string p = std::string(home) + "/.cache/osprey/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+    if (fs::exists(p)) return p;
+  }
+  const std::string dev = std::string(OSPREY_SOURCE_DIR) + "/.devdata/SmolLM2-135M-Instruct.Q4_1.truncated.gguf";
+  return fs::exists(dev) ? dev : std::string();
+}
+
+// GPU and CPU backends in lockstep: 48 prompt tokens then 24 greedy steps.
+// Logits close at every step; tokens identical unless the CPU's top-2 margin
+// is within a few times the measured logit difference.
+TEST(DefaultModel, CudaMatchesCpuBackend) {
+  if (!harness_on_cpu()) {
+    ASSERT_GT(cuda::device_count(), 0) << "no CUDA device: the GPU tests need one";
+  }
+  const std::string path = default_model_path();
+  if (path.empty()) GTEST_SKIP() << "no SmolLM2 GGUF found (set OSPREY_GPU_TEST_GGUF)";
+  std::printf("default model: %s\n", path.c_str());
+  auto gpu = harness_on_cpu() ? ops::make_cpu_backend(2) : cuda::make_cuda_backend({});
+  ASSERT_NE(gpu, nullptr);
+  auto cpu = ops::make_cpu_backend(0);
+  auto gm = Model::load(path, *gpu);
+  ASSERT_TRUE(gm.ok()) << gm.status().to_string();
+  auto cm = Model::load(path, *cpu);
+  ASSERT_TRUE(cm.ok()) << cm.status().to_string();
+  std::vector<int32_t> prompt;
+  std::mt19937 rng(11);
+  const int vocab = (*gm)->config().vocab_size;
+  for (int i = 0; i < 48; ++i) prompt.push_back(static_cast<int32_t>(1 + rng() % static_cast<uint32_t>(vocab - 1)));
+  BatchRunner gr(**gm, 1, 80, 48), cr(**cm, 1, 80, 48);
+  std::vector<float> gl = gr.step({prompt})[0], cl = cr.step({prompt})[0];
+  for (int s = 0; s < 24; ++s) {
+    const ErrorStats e = error_stats(gl.data(), cl.data(), gl.size());
+    EXPECT_LE(e.nmse, 1e-8) << "step " << s << " (max rel " << e.max_rel << ")";
+    const int tg = argmax(gl), tc = argmax(cl);
+    if (tg != tc) {
+      double max_diff = 0;
+      for (size_t i = 0; i < gl.size(); ++i) max_diff = std::max(max_diff, std::fabs(double(gl[i]) - cl[i]));
+      EXPECT_LE(cl[static_cast<size_t>(tc)] - cl[static_cast<size_t>(tg)], 3 * max_diff)
+          << "greedy diverges at step " << s << " away from a near-tie";
+      break;
+    }
+    gl = gr.step({{tg}})[0];
+    cl = cr.step({{tc}})[0];
+  }
+}
+
+}  // namespace
+}  // namespace osprey::gpu_test

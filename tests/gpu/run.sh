@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# Builds the CUDA backend and the GPU tests, runs them on this machine's GPU
+# and prints a short table (one line per test suite).
+#
+# Environment (all optional):
+#   OSPREY_CUDA_ARCHS   CMAKE_CUDA_ARCHITECTURES (default: the GPU's own, e.g. 90a on Hopper)
+#   OSPREY_GPU_BUILD    build folder (default: build-gpu in the repo)
+#   OUT                 folder for gpu_tests.log / gpu_tests.xml (default: the build folder)
+#   GTEST_FILTER        passed through to the test binary
+#   OSPREY_GPU_BENCH=1  also build and run gpu_op_bench (op timings; prints, asserts nothing)
+#   OSPREY_GPU_TEST_GGUF  SmolLM2 GGUF for the default-model test (else the
+#                       cached default model, else .devdata/*.truncated.gguf)
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+build=${OSPREY_GPU_BUILD:-$root/build-gpu}
+out=${OUT:-$build}
+mkdir -p "$build" "$out"
+
+if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
+  echo "run.sh: no NVIDIA GPU visible (nvidia-smi -L failed)" >&2
+  exit 2
+fi
+gpu_line=$(nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.total --format=csv,noheader | head -1)
+echo "GPU: $gpu_line"
+if [[ -z "${OSPREY_CUDA_ARCHS:-}" ]]; then
+  cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d ' .')
+  OSPREY_CUDA_ARCHS=$cap
+  [[ "$cap" == "90" ]] && OSPREY_CUDA_ARCHS=90a
+fi
+
+cmake_args=(-S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DOSPREY_CUDA=ON -DOSPREY_TESTS=ON
+            "-DCMAKE_CUDA_ARCHITECTURES=$OSPREY_CUDA_ARCHS")
+# Until tests/CMakeLists.txt adds tests/gpu itself, inject it after project().
+if ! grep -q 'add_subdirectory(gpu)' "$root/tests/CMakeLists.txt"; then
+  cmake_args+=("-DCMAKE_PROJECT_INCLUDE=$root/tests/gpu/standalone.cmake")
+fi
+# The top-level configure requires PCRE2 and utf8proc (tokenizer module),
+# which the GPU tests do not link. Where their pkg-config files are missing,
+# empty stand-ins let the configure pass; only the tokenizer could not build.
+stub_dir=$build/pkgconfig-stubs
+for mod in libpcre2-8 libutf8proc; do
+  if ! pkg-config --exists "$mod" 2>/dev/null; then
+    mkdir -p "$stub_dir"
+    printf 'Name: %s\nDescription: stand-in for the GPU tests (tokenizer not built)\nVersion: 99\nLibs:\nCflags:\n' \
+      "$mod" >"$stub_dir/$mod.pc"
+    echo "run.sh: $mod not installed; using an empty pkg-config stand-in (the tokenizer cannot be built here)"
+  fi
+done
+[[ -d "$stub_dir" ]] && export PKG_CONFIG_PATH="$stub_dir${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
+
+t0=$(date +%s)
+cmake "${cmake_args[@]}" >"$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
+targets=(gpu_tests)
+[[ "${OSPREY_GPU_BENCH:-0}" == 1 ]] && targets+=(gpu_op_bench)
+ninja -C "$build" -j"$(nproc)" "${targets[@]}" >"$out/build.log" 2>&1 || { grep -E 'error|FAILED' -A3 "$out/build.log" | head -60; exit 1; }
+t1=$(date +%s)
+echo "built gpu_tests for sm_$OSPREY_CUDA_ARCHS in $((t1 - t0)) s"
+
+bin=$(find "$build/tests" -name gpu_tests -type f -perm -u+x | head -1)
+set +e
+"$bin" --gtest_output="xml:$out/gpu_tests.xml" ${GTEST_FILTER:+--gtest_filter="$GTEST_FILTER"} >"$out/gpu_tests.log" 2>&1
+rc=$?
+set -e
+t2=$(date +%s)
+grep -E '^\[  FAILED  \]|Failure|check failed|^default model' "$out/gpu_tests.log" | head -40 || true
+
+python3 - "$out/gpu_tests.xml" "$gpu_line" "$rc" <<'PY'
+import sys, xml.etree.ElementTree as ET
+path, gpu, rc = sys.argv[1], sys.argv[2], int(sys.argv[3])
+try:
+    root = ET.parse(path).getroot()
+except Exception as e:  # crashed before writing the XML
+    print(f"no XML results ({e}); exit code {rc}")
+    sys.exit(0)
+print(f"\n{'suite':<44} {'tests':>5} {'pass':>5} {'fail':>5} {'skip':>5} {'sec':>7}")
+tot = [0, 0, 0, 0, 0.0]
+for s in root.findall("testsuite"):
+    cases = s.findall("testcase")
+    fail = sum(1 for c in cases if c.find("failure") is not None)
+    skip = sum(1 for c in cases if c.find("skipped") is not None or c.get("result") == "skipped")
+    n = len(cases)
+    t = float(s.get("time", 0))
+    print(f"{s.get('name'):<44} {n:>5} {n - fail - skip:>5} {fail:>5} {skip:>5} {t:>7.2f}")
+    for i, v in enumerate((n, n - fail - skip, fail, skip, t)):
+        tot[i] += v
+print(f"{'total':<44} {tot[0]:>5} {tot[1]:>5} {tot[2]:>5} {tot[3]:>5} {tot[4]:>7.2f}")
+print(f"GPU: {gpu}; gtest exit code {rc}")
+PY
+echo "tests ran in $((t2 - t1)) s; logs in $out"
+if [[ "${OSPREY_GPU_BENCH:-0}" == 1 ]]; then
+  "$(find "$build/tests" -name gpu_op_bench -type f -perm -u+x | head -1)" | tee "$out/gpu_op_bench.txt" || true
+fi
+exit $rc
