@@ -51,11 +51,15 @@ int run_generate(const GenerateOptions& o) {
   req.params.ignore_eos = o.ignore_eos;
   if (o.seed >= 0) req.params.seed = static_cast<uint64_t>(o.seed);
   if (o.chat) {
-    auto text = (*engine)->text();
+    auto text = TextProcessor::open(*path);
+    if (!text.ok()) {
+      std::fprintf(stderr, "osprey: %s\n", text.status().to_string().c_str());
+      return 1;
+    }
     nlohmann::ordered_json messages = nlohmann::ordered_json::array();
     if (!o.system.empty()) messages.push_back({{"role", "system"}, {"content", o.system}});
     messages.push_back({{"role", "user"}, {"content", o.prompt}});
-    auto rendered = text->apply_chat_template(messages, nullptr, true, nlohmann::ordered_json::object());
+    auto rendered = (*text)->apply_chat_template(messages, nullptr, true, nlohmann::ordered_json::object());
     if (!rendered.ok()) {
       std::fprintf(stderr, "osprey: %s\n", rendered.status().to_string().c_str());
       return 1;

@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   CLI::App app{"osprey: LLM inference engine and OpenAI-compatible server"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "osprey 0.1.0");
+  osprey::cli::add_serve_command(app);
   osprey::cli::add_generate_command(app);
   osprey::cli::add_info_command(app);
   osprey::cli::add_text_commands(app);

@@ -1,0 +1,207 @@
+// The osprey engine: the one public API the CLI, the server and the bench tool
+// use. Create an Engine from an EngineConfig, submit Requests, read each
+// request's outputs from its RequestStream (blocking pull, or a callback),
+// cancel, and query stats. Every Engine method is thread-safe.
+//
+// Conventions:
+//   - Token ids are int32. Text is UTF-8; a text delta never splits a code point.
+//   - Logprobs are natural-log probabilities of the RAW model logits (before
+//     penalties, bias, temperature and truncation), as vLLM returns by default.
+//   - Sampling with a seed is reproducible: the same request, seed and model
+//     give the same tokens whatever else shares the batch.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "osprey/status.h"
+
+namespace osprey {
+
+struct EngineConfig {
+  std::string model_path;        // HF folder or .gguf file
+  std::string load_format = "auto";
+  int num_threads = 0;           // backend compute threads; <= 0: all cores
+  int block_size = 16;           // tokens per KV page
+  // KV pool size: num_kv_blocks when > 0, else kv_cache_bytes / (block_size * bytes per token).
+  int64_t kv_cache_bytes = int64_t{1} << 30;
+  int num_kv_blocks = 0;
+  int max_num_batched_tokens = 2048;  // token budget of one step
+  int max_num_seqs = 256;             // running sequences at most
+  int max_model_len = 0;              // context length; 0: the model's own
+  bool enable_prefix_caching = true;
+  bool enable_chunked_prefill = true;
+  int64_t swap_space_bytes = 0;       // host swap for preemption (not implemented yet: recompute)
+  uint64_t seed = 0;                  // base of the per-request seeds of unseeded requests
+  int num_detokenizer_threads = 1;    // worker threads for detokenizing and stop strings
+  // Logit rows of prompt tokens (prompt_logprobs) computed per step at most.
+  int max_prompt_logprob_rows = 256;
+  // Salt of prefix-cache keys; "" derives one from the model path and format.
+  std::string cache_salt;
+};
+
+struct SamplingParams {
+  int n = 1;                    // sequences sampled from one prompt
+  int max_tokens = 16;          // generated tokens at most (> 0)
+  int min_tokens = 0;           // EOS, stop ids and stop strings ignored before this many
+  float temperature = 1.0f;     // 0: greedy (argmax, ties to the lowest id)
+  int top_k = 0;                // <= 0: off
+  float top_p = 1.0f;           // (0, 1]
+  float min_p = 0.0f;           // [0, 1]
+  float repetition_penalty = 1.0f;  // > 0; on prompt + output tokens (HF / vLLM)
+  float presence_penalty = 0.0f;    // [-2, 2]; on output tokens (OpenAI)
+  float frequency_penalty = 0.0f;   // [-2, 2]; on output tokens (OpenAI)
+  std::map<int32_t, float> logit_bias;  // added to raw logits
+  std::optional<uint64_t> seed;
+  int logprobs = -1;            // -1: off; k >= 0: the sampled token's logprob plus top k
+  int prompt_logprobs = -1;     // -1: off; k >= 0: per prompt token, plus top k
+  std::vector<std::string> stop;       // stop strings (matched on detokenized text)
+  std::vector<int32_t> stop_token_ids;
+  bool ignore_eos = false;
+  bool skip_special_tokens = true;
+  bool include_stop_str_in_output = false;
+
+  // A clear message for the first invalid field, or ok.
+  Status validate(int vocab_size) const;
+};
+
+struct Request {
+  std::string request_id;               // "" : the engine assigns one
+  std::string prompt;                   // used when prompt_token_ids is empty
+  std::vector<int32_t> prompt_token_ids;
+  bool add_special_tokens = true;       // when encoding `prompt`
+  SamplingParams params;
+  int priority = 0;                     // smaller runs first (then arrival order)
+};
+
+enum class FinishReason { kNone, kStop, kLength, kAbort, kError };
+// "stop", "length", "abort", "error" ("" for kNone).
+const char* finish_reason_name(FinishReason r);
+
+struct TopLogprob {
+  int32_t token_id = 0;
+  float logprob = 0.0f;
+  std::string token;  // the token's own text (decoded alone)
+};
+
+struct TokenLogprob {
+  int32_t token_id = 0;
+  float logprob = 0.0f;
+  int rank = 0;                 // 1 = most likely
+  std::string token;
+  std::vector<TopLogprob> top;  // the `logprobs` most likely tokens, best first
+};
+
+struct Usage {
+  int prompt_tokens = 0;
+  int completion_tokens = 0;    // over all n sequences
+  int cached_tokens = 0;        // prompt tokens served from the prefix cache
+};
+
+// What one sequence produced since the previous output.
+struct CompletionOutput {
+  int index = 0;                          // in [0, n)
+  std::vector<int32_t> token_ids;         // new token ids (a final EOS / stop id included)
+  std::string text;                       // new text
+  std::vector<TokenLogprob> logprobs;     // one per new token when requested
+  FinishReason finish_reason = FinishReason::kNone;
+  std::string stop_string;                // the stop string that ended it, if any
+  int32_t stop_token_id = -1;             // the stop token id (or EOS) that ended it, or -1
+};
+
+struct RequestOutput {
+  std::string request_id;
+  std::vector<CompletionOutput> outputs;  // only sequences with news
+  // Set on the first output of a request that asked for prompt_logprobs: one
+  // entry per prompt token (the first has none: token_id set, logprob 0, rank 0).
+  std::vector<TokenLogprob> prompt_logprobs;
+  bool finished = false;                  // every sequence has finished
+  Usage usage;                            // running totals; final when finished
+  Status error;                           // set when finish is kError
+};
+
+// One request's outputs, in order. Thread-safe; next() is meant for one consumer.
+class RequestStream {
+ public:
+  virtual ~RequestStream() = default;
+  virtual const std::string& request_id() const = 0;
+  // Blocks until an output is ready; nullopt after the finished one was returned.
+  virtual std::optional<RequestOutput> next() = 0;
+  // As next(), but gives up after `timeout` (returns nullopt; check done()).
+  virtual std::optional<RequestOutput> next_for(std::chrono::milliseconds timeout) = 0;
+  // True once the finished output has been returned by next().
+  virtual bool done() const = 0;
+  // Aborts the request (finish reason "abort"); a no-op once finished.
+  virtual void cancel() = 0;
+};
+
+// Called on an engine worker thread for each output, in order, instead of
+// queueing it for next(). Must not block for long and must not call next().
+using OutputCallback = std::function<void(const RequestOutput&)>;
+
+struct EngineStats {
+  int num_running = 0;          // sequences
+  int num_waiting = 0;          // sequences
+  int num_kv_blocks = 0;
+  int num_free_kv_blocks = 0;   // unreferenced (including evictable cached pages)
+  int block_size = 0;
+  double kv_usage = 0.0;        // referenced fraction of the pool
+  int64_t prefix_query_tokens = 0;
+  int64_t prefix_hit_tokens = 0;
+  double prefix_hit_rate = 0.0;
+  int64_t num_prompt_tokens = 0;      // computed prompt tokens (prefill work)
+  int64_t num_generated_tokens = 0;
+  int64_t num_preemptions = 0;
+  int64_t num_steps = 0;
+  int64_t num_finished_requests = 0;
+};
+
+struct ModelInfo {
+  std::string model_path;
+  int vocab_size = 0;
+  int max_model_len = 0;
+  int num_kv_blocks = 0;
+  int block_size = 0;
+};
+
+class Engine {
+ public:
+  struct Impl;
+  explicit Engine(std::unique_ptr<Impl> impl);
+  ~Engine();  // shutdown()
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Loads the model and tokenizer, sizes the KV pool, starts the engine loop.
+  static Expected<std::unique_ptr<Engine>> create(const EngineConfig& config);
+
+  // Validates and tokenizes (on the calling thread) and queues the request.
+  // Errors: invalid parameters; prompt (+1 token) longer than max_model_len or
+  // than the whole KV pool (never admitted); engine shut down.
+  Expected<std::shared_ptr<RequestStream>> submit(Request request, OutputCallback callback = nullptr);
+  // Aborts a request by id; false when no such request is in flight.
+  bool cancel(const std::string& request_id);
+
+  EngineStats stats() const;
+  ModelInfo model_info() const;
+
+  // Tokenizer helpers, so that callers need only this header.
+  Expected<std::vector<int32_t>> encode(const std::string& text, bool add_special_tokens = true) const;
+  std::string decode(const std::vector<int32_t>& ids, bool skip_special_tokens = true) const;
+
+  // Stops the loop; requests still in flight finish with "abort". Idempotent.
+  void shutdown();
+
+  Impl& impl() { return *impl_; }
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace osprey

@@ -1,0 +1,161 @@
+// CpuBackend::kv_write and paged_attention over paged KV caches
+//   k, v pages: [num_blocks, block_size, num_kv_heads, head_dim], F32 (or F16/BF16).
+//
+// Attention is exact two-pass softmax in fp32 per (token, query head): scores
+// for the token's causal window, max, exp and sum, then the weighted sum of V
+// rows, divided by the sum at the end.
+#include <algorithm>
+#include <cstring>
+#include <limits>
+
+#include "backend/cpu/cpu_backend.h"
+#include "core/check.h"
+
+namespace osprey::cpu {
+namespace {
+
+bool is_page_dtype(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
+
+// Returns row `row` (head_dim elements) of a page tensor as fp32, converting
+// into buf when the pages are not fp32.
+inline const float* page_row(const void* base, DType t, int64_t row, int64_t hd, float* buf) {
+  if (t == DType::kF32) return static_cast<const float*>(base) + row * hd;
+  const uint16_t* p = static_cast<const uint16_t*>(base) + row * hd;
+  if (t == DType::kF16) {
+    for (int64_t i = 0; i < hd; ++i) buf[i] = fp16_to_f32(p[i]);
+  } else {
+    for (int64_t i = 0; i < hd; ++i) buf[i] = bf16_to_f32(p[i]);
+  }
+  return buf;
+}
+
+void store_row(const float* src, void* base, DType t, int64_t row, int64_t len) {
+  if (t == DType::kF32) {
+    std::memcpy(static_cast<float*>(base) + row * len, src, static_cast<size_t>(len) * sizeof(float));
+    return;
+  }
+  uint16_t* p = static_cast<uint16_t*>(base) + row * len;
+  if (t == DType::kF16) {
+    for (int64_t i = 0; i < len; ++i) p[i] = f32_to_fp16(src[i]);
+  } else {
+    for (int64_t i = 0; i < len; ++i) p[i] = f32_to_bf16(src[i]);
+  }
+}
+
+void check_pages(const ops::LayerKv& kv) {
+  OSP_CHECK_EQ(kv.k.ndim(), 4);
+  OSP_CHECK_EQ(kv.v.ndim(), 4);
+  for (int i = 0; i < 4; ++i) OSP_CHECK_EQ(kv.k.dim(i), kv.v.dim(i));
+  OSP_CHECK_MSG(is_page_dtype(kv.k.dtype()) && kv.k.dtype() == kv.v.dtype(),
+                "KV pages must be F32, F16 or BF16, got " << dtype_name(kv.k.dtype()));
+}
+
+}  // namespace
+
+void CpuBackend::kv_write(const Tensor& k, const Tensor& v, const ops::AttentionBatch& batch, ops::LayerKv& kv) {
+  check_pages(kv);
+  OSP_CHECK(k.dtype() == DType::kF32 && v.dtype() == DType::kF32);
+  const int64_t bs = kv.k.dim(1);
+  const int64_t hk = kv.k.dim(2);
+  const int64_t hd = kv.k.dim(3);
+  const int64_t row = hk * hd;  // elements per slot
+  const int64_t num_slots = kv.k.dim(0) * bs;
+  const int64_t n = k.rows() * k.cols() / row;
+  OSP_CHECK_EQ(k.numel(), n * row);
+  OSP_CHECK_EQ(v.numel(), n * row);
+  const float* kp = k.data_as<float>();
+  const float* vp = v.data_as<float>();
+  const DType t = kv.k.dtype();
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t slot = batch.slot_mapping[i];
+    if (slot < 0) continue;
+    OSP_CHECK_MSG(slot < num_slots, "kv_write: slot " << slot << " beyond " << num_slots);
+    store_row(kp + i * row, kv.k.data(), t, slot, row);
+    store_row(vp + i * row, kv.v.data(), t, slot, row);
+  }
+}
+
+void CpuBackend::paged_attention(const Tensor& q, const ops::LayerKv& kv, const ops::AttentionBatch& batch,
+                                 float scale, int sliding_window, Tensor& out) {
+  check_pages(kv);
+  OSP_CHECK(q.dtype() == DType::kF32 && out.dtype() == DType::kF32);
+  OSP_CHECK_EQ(q.ndim(), 3);
+  const int64_t n = q.dim(0);
+  const int64_t hq = q.dim(1);
+  const int64_t hd = q.dim(2);
+  const int64_t num_blocks = kv.k.dim(0);
+  const int64_t bs = kv.k.dim(1);
+  const int64_t hk = kv.k.dim(2);
+  OSP_CHECK_EQ(kv.k.dim(3), hd);
+  OSP_CHECK_MSG(hk > 0 && hq % hk == 0, "paged_attention: " << hq << " query heads over " << hk << " kv heads");
+  OSP_CHECK_EQ(out.numel(), q.numel());
+  OSP_CHECK_EQ(batch.q_indptr[batch.num_seqs], n);
+  const int64_t group = hq / hk;
+
+  // token -> sequence; also the longest window any token reads.
+  token_seq_.resize(static_cast<size_t>(n));
+  int64_t max_len = 0;
+  for (int s = 0; s < batch.num_seqs; ++s) {
+    const int64_t num_pages = batch.block_indptr[s + 1] - batch.block_indptr[s];
+    for (int32_t t = batch.q_indptr[s]; t < batch.q_indptr[s + 1]; ++t) {
+      token_seq_[static_cast<size_t>(t)] = s;
+      const int64_t p = batch.positions[t];
+      OSP_CHECK_MSG(p >= 0 && p < batch.kv_lens[s] && p / bs < num_pages,
+                    "paged_attention: position " << p << " of sequence " << s << " outside its KV ("
+                                                  << batch.kv_lens[s] << " tokens, " << num_pages << " pages)");
+      max_len = std::max(max_len, sliding_window > 0 ? std::min<int64_t>(p + 1, sliding_window) : p + 1);
+    }
+  }
+
+  const float* qp = q.data_as<float>();
+  float* op = out.data_as<float>();
+  const DType pt = kv.k.dtype();
+  const char* kbase = static_cast<const char*>(kv.k.data());
+  const char* vbase = static_cast<const char*>(kv.v.data());
+  const CpuKernels& kern = *kernels_;
+  for_range(n * hq, std::max<int64_t>(1, max_len) * hd * 2, [&](int64_t b, int64_t e) {
+    float* scores = thread_scratch(0).get(static_cast<size_t>(std::max<int64_t>(1, max_len)));
+    float* buf = thread_scratch(1).get(static_cast<size_t>(hd));
+    for (int64_t item = b; item < e; ++item) {
+      const int64_t t = item / hq;
+      const int64_t h = item % hq;
+      const int64_t kvh = h / group;
+      const int s = token_seq_[static_cast<size_t>(t)];
+      const int64_t p = batch.positions[t];
+      const int64_t lo = sliding_window > 0 ? std::max<int64_t>(0, p - sliding_window + 1) : 0;
+      const int64_t len = p - lo + 1;
+      const int32_t* pages = batch.block_indices + batch.block_indptr[s];
+      const float* qv = qp + (t * hq + h) * hd;
+
+      // Pass 1: scores[j - lo] = q . k_j * scale for j in [lo, p].
+      float mx = -std::numeric_limits<float>::infinity();
+      for (int64_t j = lo; j <= p;) {
+        const int64_t page = pages[j / bs];
+        OSP_CHECK_MSG(page >= 0 && page < num_blocks, "paged_attention: page id " << page);
+        const int64_t end = std::min(p + 1, (j / bs + 1) * bs);
+        for (; j < end; ++j) {
+          const int64_t r = (page * bs + j % bs) * hk + kvh;
+          const float sc = kern.dot(qv, page_row(kbase, pt, r, hd, buf), hd) * scale;
+          scores[j - lo] = sc;
+          mx = std::max(mx, sc);
+        }
+      }
+      const float sum = kern.exp_sub_sum(scores, len, mx);
+
+      // Pass 2: out = sum_j scores[j] * v_j / sum.
+      float* o = op + (t * hq + h) * hd;
+      std::memset(o, 0, static_cast<size_t>(hd) * sizeof(float));
+      for (int64_t j = lo; j <= p;) {
+        const int64_t page = pages[j / bs];
+        const int64_t end = std::min(p + 1, (j / bs + 1) * bs);
+        for (; j < end; ++j) {
+          const int64_t r = (page * bs + j % bs) * hk + kvh;
+          kern.axpy(scores[j - lo], page_row(vbase, pt, r, hd, buf), o, hd);
+        }
+      }
+      kern.scale(1.0f / sum, o, hd);
+    }
+  });
+}
+
+}  // namespace osprey::cpu

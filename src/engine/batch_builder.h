@@ -1,0 +1,14 @@
+// Batch builder: the scheduler's decisions for one step -> StepBatch host
+// arrays (token ids, positions, slot mapping, CSR block tables, logit rows).
+#pragma once
+
+#include "engine/executor.h"
+#include "engine/scheduler.h"
+
+namespace osprey {
+
+// Fills `batch` (reusing its capacity) and each ScheduledSeq's first_logit_row.
+// Logit rows of a sequence: its prompt-logprob rows first, then its sample row.
+void build_step_batch(SchedulerOutput& sched, int block_size, StepBatch& batch);
+
+}  // namespace osprey

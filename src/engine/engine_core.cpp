@@ -1,0 +1,224 @@
+#include "engine/engine_core.h"
+
+#include <algorithm>
+
+#include "core/check.h"
+#include "engine/batch_builder.h"
+
+namespace osprey {
+
+EngineCore::EngineCore(const CoreConfig& config, Executor& executor)
+    : config_(config),
+      executor_(executor),
+      kv_(config.num_blocks, config.block_size, config.enable_prefix_caching, config.cache_salt),
+      scheduler_(config.scheduler, kv_),
+      sampler_(executor.vocab_size()) {}
+
+Status EngineCore::initialize() {
+  return executor_.initialize(config_.num_blocks, config_.block_size, config_.scheduler.max_num_batched_tokens,
+                              scheduler_.max_logit_rows());
+}
+
+void EngineCore::add_request(std::unique_ptr<RequestState> req, std::vector<int32_t> prompt) {
+  OSP_CHECK(!prompt.empty());
+  OSP_CHECK(requests_.find(req->key) == requests_.end());
+  req->arrival = next_arrival_++;
+  req->seqs.clear();
+  auto seq = std::make_unique<Sequence>();
+  seq->req = req.get();
+  seq->index = 0;
+  seq->num_prompt_tokens = static_cast<int>(prompt.size());
+  seq->tokens = std::move(prompt);
+  seq->tokens.reserve(seq->tokens.size() + req->params.max_tokens + 1);
+  scheduler_.add_waiting(seq.get());
+  req->seqs.push_back(std::move(seq));
+  req->num_live = 1;
+  requests_.emplace(req->key, std::move(req));
+}
+
+void EngineCore::release_request_if_done(RequestState& req) {
+  if (req.num_live > 0) return;
+  ++stats_.num_finished_requests;
+  requests_.erase(req.key);  // destroys req
+}
+
+void EngineCore::finish(Sequence& seq, FinishReason reason, int32_t stop_token, std::vector<SeqEvent>& events,
+                        SeqEvent* ev) {
+  if (seq.status == SeqStatus::kFinished) return;
+  scheduler_.remove(&seq);
+  RequestState& req = *seq.req;
+  // An unforked request with n > 1 finishing early finishes all n indices.
+  const int num_indices = req.forked ? 1 : req.params.n;
+  for (int k = 0; k < num_indices; ++k) {
+    SeqEvent* e = ev;
+    if (k > 0 || !e) {
+      events.emplace_back();
+      e = &events.back();
+      e->sink = req.sink;
+      e->index = seq.index + k;
+      e->num_cached_tokens = std::max(0, req.num_cached_tokens);
+    }
+    e->finish = reason;
+    e->stop_token_id = stop_token;
+    ev = nullptr;
+  }
+  --req.num_live;
+}
+
+bool EngineCore::abort_request(uint64_t key, std::vector<SeqEvent>& events) {
+  auto it = requests_.find(key);
+  if (it == requests_.end()) return false;
+  RequestState& req = *it->second;
+  for (auto& s : req.seqs) finish(*s, FinishReason::kAbort, -1, events, nullptr);
+  release_request_if_done(req);
+  return true;
+}
+
+void EngineCore::finish_sequence(uint64_t key, int index) {
+  auto it = requests_.find(key);
+  if (it == requests_.end()) return;
+  RequestState& req = *it->second;
+  if (!req.forked) {
+    // Only index 0 exists; the others are finished with it only when n == 1.
+    if (req.params.n != 1) return;
+  }
+  if (index < 0 || index >= static_cast<int>(req.seqs.size())) return;
+  Sequence& seq = *req.seqs[index];
+  if (seq.status == SeqStatus::kFinished) return;
+  scheduler_.remove(&seq);
+  --req.num_live;
+  release_request_if_done(req);
+}
+
+void EngineCore::fail_all(FinishReason reason, const Status& error, std::vector<SeqEvent>& events) {
+  std::vector<uint64_t> keys;
+  keys.reserve(requests_.size());
+  for (auto& [key, r] : requests_) keys.push_back(key);
+  for (uint64_t key : keys) {
+    RequestState& req = *requests_.at(key);
+    const size_t first = events.size();
+    for (auto& s : req.seqs) finish(*s, reason, -1, events, nullptr);
+    for (size_t i = first; i < events.size(); ++i) events[i].error = error;
+    release_request_if_done(req);
+  }
+}
+
+void EngineCore::sample_into(Sequence& seq, const float* row, std::vector<SeqEvent>& events) {
+  RequestState& req = *seq.req;
+  const SamplingParams& p = req.params;
+  stop_ids_scratch_.clear();
+  if (!p.ignore_eos) stop_ids_scratch_ = config_.eos_token_ids;
+  stop_ids_scratch_.insert(stop_ids_scratch_.end(), p.stop_token_ids.begin(), p.stop_token_ids.end());
+
+  SampleInput in;
+  in.params = &p;
+  in.prompt = std::span<const int32_t>(seq.tokens.data(), seq.num_prompt_tokens);
+  in.output = std::span<const int32_t>(seq.tokens.data() + seq.num_prompt_tokens, seq.num_output());
+  in.stop_ids = stop_ids_scratch_;
+  in.seed = req.seed;
+  in.seq_index = seq.index;
+  in.position = seq.num_tokens();
+  SampleResult r = sampler_.sample(row, in);
+
+  seq.tokens.push_back(r.token);
+  ++stats_.num_generated_tokens;
+  events.emplace_back();
+  SeqEvent& ev = events.back();
+  ev.sink = req.sink;
+  ev.index = seq.index;
+  ev.token = r.token;
+  ev.logprobs = std::move(r.logprobs);
+  ev.num_cached_tokens = std::max(0, req.num_cached_tokens);
+
+  const int out_len = seq.num_output();
+  if (out_len >= p.min_tokens) {
+    const bool is_eos = !p.ignore_eos && std::find(config_.eos_token_ids.begin(), config_.eos_token_ids.end(),
+                                                   r.token) != config_.eos_token_ids.end();
+    const bool is_stop = std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), r.token) != p.stop_token_ids.end();
+    if (is_eos || is_stop) {
+      finish(seq, FinishReason::kStop, r.token, events, &events.back());
+      return;
+    }
+  }
+  if (out_len >= p.max_tokens || seq.num_tokens() >= config_.max_model_len)
+    finish(seq, FinishReason::kLength, -1, events, &events.back());
+}
+
+Status EngineCore::step(std::vector<SeqEvent>& events) {
+  scheduler_.schedule(sched_out_);
+  for (Sequence* seq : sched_out_.cannot_grow) {
+    RequestState& req = *seq->req;
+    finish(*seq, FinishReason::kLength, -1, events, nullptr);
+    release_request_if_done(req);
+  }
+  if (sched_out_.seqs.empty()) return Status::Ok();
+  ++stats_.num_steps;
+  build_step_batch(sched_out_, config_.block_size, batch_);
+  Expected<const float*> logits = executor_.execute(batch_);
+  if (!logits.ok()) {
+    fail_all(FinishReason::kError, logits.status(), events);
+    return logits.status();
+  }
+  const int vocab = executor_.vocab_size();
+  const float* base = *logits;
+
+  // Requests touched this step; released after the loop so that no
+  // ScheduledSeq points into a destroyed request.
+  std::vector<RequestState*> touched;
+  touched.reserve(sched_out_.seqs.size());
+  for (ScheduledSeq& ss : sched_out_.seqs) {
+    Sequence& seq = *ss.seq;
+    RequestState& req = *seq.req;
+    touched.push_back(&req);
+    const int begin = seq.num_computed;
+    seq.num_computed += ss.num_new;
+    if (begin < seq.num_prompt_tokens)
+      stats_.num_prompt_tokens += std::min(seq.num_computed, seq.num_prompt_tokens) - begin;
+    kv_.cache_blocks(seq.table, seq.tokens, seq.num_computed);
+
+    if (ss.num_prompt_logprob_rows > 0) {
+      events.emplace_back();
+      SeqEvent& ev = events.back();
+      ev.sink = req.sink;
+      ev.index = seq.index;
+      ev.num_cached_tokens = std::max(0, req.num_cached_tokens);
+      const int lp_begin = std::max(begin, seq.prompt_logprob_pos);
+      for (int r = 0; r < ss.num_prompt_logprob_rows; ++r) {
+        const int pos = lp_begin + r;
+        const float* row = base + static_cast<size_t>(ss.first_logit_row + r) * vocab;
+        ev.prompt_logprobs.push_back(compute_logprobs(std::span<const float>(row, vocab), seq.tokens[pos + 1],
+                                                      req.params.prompt_logprobs));
+      }
+      seq.prompt_logprob_pos = lp_begin + ss.num_prompt_logprob_rows;
+    }
+    if (!ss.sample) continue;
+    const float* row = base + static_cast<size_t>(ss.first_logit_row + ss.num_prompt_logprob_rows) * vocab;
+    if (!req.forked && req.params.n > 1) {
+      // First token of an n > 1 request: the siblings share the prompt's pages.
+      OSP_CHECK_EQ(seq.index, 0);
+      req.forked = true;
+      for (int k = 1; k < req.params.n; ++k) {
+        auto child = std::make_unique<Sequence>();
+        child->req = &req;
+        child->index = k;
+        child->tokens = seq.tokens;
+        child->num_prompt_tokens = seq.num_prompt_tokens;
+        child->num_computed = seq.num_computed;
+        child->prompt_logprob_pos = seq.num_prompt_tokens;
+        kv_.fork(seq.table, child->table);
+        scheduler_.add_running(child.get());
+        req.seqs.push_back(std::move(child));
+      }
+      req.num_live = req.params.n;
+      for (int k = 0; k < req.params.n; ++k) sample_into(*req.seqs[k], row, events);
+    } else {
+      sample_into(seq, row, events);
+    }
+  }
+  std::sort(touched.begin(), touched.end());
+  touched.erase(std::unique(touched.begin(), touched.end()), touched.end());
+  for (RequestState* r : touched) release_request_if_done(*r);
+  return Status::Ok();
+}
+
+}  // namespace osprey

@@ -1,0 +1,48 @@
+// ModelExecutor: the Executor over a loaded Model on its backend. Owns the
+// paged KV cache and the device copies of each step's index arrays.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "engine/executor.h"
+#include "model/forward_batch.h"
+#include "model/model.h"
+#include "ops/backend.h"
+
+namespace osprey {
+
+class ModelExecutor final : public Executor {
+ public:
+  // The executor owns the backend and the model (declared in that order so
+  // the model is destroyed first).
+  ModelExecutor(std::unique_ptr<ops::Backend> backend, std::unique_ptr<Model> model);
+  ~ModelExecutor() override;
+
+  int vocab_size() const override { return model_->config().vocab_size; }
+  Status initialize(int num_blocks, int block_size, int max_tokens, int max_logit_rows) override;
+  Expected<const float*> execute(const StepBatch& batch) override;
+
+  Model& model() { return *model_; }
+
+ private:
+  void copy_blocks(const std::vector<BlockCopy>& copies);
+  // Host array -> pointer the backend can read (CPU: the host array itself).
+  const int32_t* to_device(int slot, const std::vector<int32_t>& host);
+
+  std::unique_ptr<ops::Backend> backend_;
+  std::unique_ptr<Model> model_;
+  KvCache kv_;
+  bool on_host_ = true;
+  int max_logit_rows_ = 0;
+  std::vector<int32_t> rows_scratch_;
+  std::vector<float> host_logits_;      // staging for device logits
+  std::vector<uint8_t> page_staging_;   // staging for device page copies
+  struct DeviceArray {
+    void* ptr = nullptr;
+    size_t capacity = 0;  // bytes
+  };
+  std::vector<DeviceArray> device_arrays_;
+};
+
+}  // namespace osprey

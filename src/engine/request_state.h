@@ -1,0 +1,54 @@
+// The engine loop's view of a request: a group of n Sequences that share a
+// prompt. Owned and touched by the engine loop thread only.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kv/block_table.h"
+#include "osprey/engine.h"
+
+namespace osprey {
+
+struct RequestSink;  // the output side (engine.cpp); opaque to the core
+struct RequestState;
+
+enum class SeqStatus { kWaiting, kRunning, kFinished };
+
+struct Sequence {
+  RequestState* req = nullptr;
+  int index = 0;                 // sample index in [0, n)
+  std::vector<int32_t> tokens;   // prompt then generated tokens
+  int num_prompt_tokens = 0;
+  // Tokens whose KV is in the pages of `table`; catches up with tokens.size().
+  int num_computed = 0;
+  BlockTable table;
+  SeqStatus status = SeqStatus::kWaiting;
+  // Prompt positions whose logits have produced prompt logprobs (index 0 only).
+  int prompt_logprob_pos = 0;
+
+  int num_tokens() const { return static_cast<int>(tokens.size()); }
+  int num_output() const { return num_tokens() - num_prompt_tokens; }
+};
+
+struct RequestState {
+  uint64_t key = 0;              // unique for the engine's lifetime (ids may be reused)
+  std::string id;
+  uint64_t arrival = 0;          // admission order, for FCFS
+  int priority = 0;
+  SamplingParams params;
+  uint64_t seed = 0;             // params.seed or one the engine drew
+  std::vector<std::unique_ptr<Sequence>> seqs;  // seqs[i]->index == i once forked
+  bool forked = false;           // the n - 1 siblings exist
+  int num_cached_tokens = -1;    // prefix-cache hit at first admission (-1: not admitted yet)
+  int num_live = 0;              // sequences not finished
+  std::shared_ptr<RequestSink> sink;
+
+  bool wants_prompt_logprobs() const { return params.prompt_logprobs >= 0; }
+  // Sequences the request will occupy once its first token is sampled.
+  int seqs_to_reserve() const { return forked ? 1 : params.n; }
+};
+
+}  // namespace osprey

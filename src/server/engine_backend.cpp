@@ -1,0 +1,47 @@
+// GenerationBackend over the real osprey::Engine.
+#include "osprey/text.h"
+#include "server/generation_backend.h"
+
+namespace osprey::server {
+
+namespace {
+
+class EngineBackend final : public GenerationBackend {
+ public:
+  EngineBackend(std::unique_ptr<Engine> engine, std::unique_ptr<TextProcessor> text)
+      : engine_(std::move(engine)), text_(std::move(text)) {}
+
+  Expected<std::shared_ptr<RequestStream>> submit(Request request, OutputCallback callback) override {
+    return engine_->submit(std::move(request), std::move(callback));
+  }
+  bool cancel(const std::string& id) override { return engine_->cancel(id); }
+  EngineStats stats() const override { return engine_->stats(); }
+  ModelInfo model_info() const override { return engine_->model_info(); }
+  std::vector<int32_t> encode(std::string_view text, bool add_special_tokens) const override {
+    return text_->encode(text, add_special_tokens);
+  }
+  std::string decode(std::span<const int32_t> ids, bool skip_special_tokens) const override {
+    return text_->decode(ids, skip_special_tokens);
+  }
+  Expected<std::string> apply_chat_template(const nlohmann::json& messages, const nlohmann::json& tools,
+                                            bool add_generation_prompt, const nlohmann::json& extra) const override {
+    if (!text_->has_chat_template())
+      return invalid_argument("this model has no chat template; use /v1/completions instead");
+    return text_->apply_chat_template(messages, tools, add_generation_prompt, extra);
+  }
+  void shutdown() override { engine_->shutdown(); }
+
+ private:
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<TextProcessor> text_;
+};
+
+}  // namespace
+
+Expected<std::unique_ptr<GenerationBackend>> make_engine_backend(const EngineConfig& config) {
+  OSP_ASSIGN_OR_RETURN(std::unique_ptr<TextProcessor> text, TextProcessor::open(config.model_path));
+  OSP_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::create(config));
+  return std::unique_ptr<GenerationBackend>(new EngineBackend(std::move(engine), std::move(text)));
+}
+
+}  // namespace osprey::server

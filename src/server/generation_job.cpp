@@ -1,0 +1,273 @@
+#include "server/generation_job.h"
+
+#include <spdlog/spdlog.h>
+
+#include "server/json_util.h"
+
+namespace osprey::server {
+
+using json = nlohmann::json;
+
+GenerationJob::GenerationJob(GenerationRequest request, std::vector<Prompt> prompts, ResponseMeta meta,
+                             std::shared_ptr<ResponseWriter> writer, std::shared_ptr<GenerationBackend> backend,
+                             std::shared_ptr<ServerMetrics> metrics, Clock::time_point arrival)
+    : req_(std::move(request)),
+      prompts_(std::move(prompts)),
+      meta_(std::move(meta)),
+      writer_(std::move(writer)),
+      backend_(std::move(backend)),
+      metrics_(std::move(metrics)),
+      arrival_(arrival) {
+  const size_t n = static_cast<size_t>(req_.params.n);
+  choices_.resize(prompts_.size() * n);
+  subs_.resize(prompts_.size());
+  subs_left_ = prompts_.size();
+}
+
+std::optional<ApiError> GenerationJob::start() {
+  auto self = shared_from_this();
+  for (size_t i = 0; i < prompts_.size(); ++i) {
+    Request r;
+    r.request_id = meta_.id + "-" + std::to_string(i);
+    r.prompt_token_ids = prompts_[i].token_ids;
+    r.add_special_tokens = false;
+    r.params = req_.params;
+    subs_[i].engine_id = r.request_id;
+    auto stream = backend_->submit(std::move(r), [self, i](const RequestOutput& out) { self->on_output(i, out); });
+    if (!stream.ok()) {
+      std::unique_lock lock(mu_);
+      failed_start_ = true;
+      done_ = true;
+      dequeue_locked();
+      std::vector<std::shared_ptr<RequestStream>> started;
+      for (size_t k = 0; k < i; ++k)
+        if (subs_[k].stream) started.push_back(subs_[k].stream);
+      lock.unlock();
+      for (auto& s : started) s->cancel();
+      return api_error_from_status(stream.status());
+    }
+    std::lock_guard lock(mu_);
+    subs_[i].stream = std::move(*stream);
+  }
+  std::unique_lock lock(mu_);
+  started_ = true;
+  if (req_.stream) {
+    writer_->start_stream(200, "text/event-stream; charset=utf-8");
+    if (req_.kind == ApiKind::kChat) {
+      for (size_t c = 0; c < choices_.size(); ++c)
+        emit(chat_chunk(meta_, static_cast<int>(c), {{"role", "assistant"}, {"content", ""}}, nullptr,
+                        FinishReason::kNone, req_.include_usage));
+    }
+  }
+  auto pending = std::move(pending_);
+  pending_.clear();
+  for (auto& [sub, out] : pending) process_locked(sub, out);
+  std::vector<std::shared_ptr<RequestStream>> to_cancel;
+  if (cancelled_ && !done_)  // cancelled while submitting
+    for (const Sub& s : subs_)
+      if (!s.finished && s.stream) to_cancel.push_back(s.stream);
+  lock.unlock();
+  for (auto& s : to_cancel) s->cancel();
+  return std::nullopt;
+}
+
+void GenerationJob::cancel() {
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  std::vector<std::string> ids;
+  {
+    std::lock_guard lock(mu_);
+    if (done_ || cancelled_) return;
+    cancelled_ = true;
+    if (!started_) return;  // start() cancels once its submits are done
+    for (const Sub& s : subs_) {
+      if (s.finished) continue;
+      if (s.stream)
+        streams.push_back(s.stream);
+      else
+        ids.push_back(s.engine_id);
+    }
+  }
+  for (auto& s : streams) s->cancel();
+  for (auto& id : ids) backend_->cancel(id);
+}
+
+void GenerationJob::dequeue_locked() {
+  if (dequeued_) return;
+  dequeued_ = true;
+  if (on_dequeued) on_dequeued();
+}
+
+void GenerationJob::emit(const json& chunk) { writer_->write(sse_event(chunk)); }
+
+void GenerationJob::on_output(size_t sub, const RequestOutput& out) {
+  std::lock_guard lock(mu_);
+  if (failed_start_ || done_) return;
+  if (!started_) {
+    pending_.emplace_back(sub, out);
+    return;
+  }
+  process_locked(sub, out);
+}
+
+void GenerationJob::handle_echo(size_t sub, int choice, const RequestOutput& out, std::string& text, json& lp) {
+  Choice& ch = choices_[choice];
+  ch.echoed = true;
+  text = prompts_[sub].echo_text + text;
+  if (req_.logprobs) {
+    // Prompt logprobs first (the first prompt token has none), then the new tokens'.
+    json prompt_lp;
+    size_t offset = 0;
+    std::vector<TokenLogprob> prompt = out.prompt_logprobs;
+    if (prompt.empty()) {
+      // The engine gave none: still list the prompt tokens, with null logprobs.
+      for (int32_t id : prompts_[sub].token_ids) {
+        TokenLogprob t;
+        t.token_id = id;
+        t.token = backend_->decode(std::span<const int32_t>(&id, 1), false);
+        prompt.push_back(std::move(t));
+      }
+      append_completion_logprobs(prompt_lp, prompt, offset, false);
+      for (auto& v : prompt_lp["token_logprobs"]) v = nullptr;
+      for (auto& v : prompt_lp["top_logprobs"]) v = nullptr;
+    } else {
+      append_completion_logprobs(prompt_lp, prompt, offset, true);
+    }
+    ch.lp_offset = offset;
+    lp = std::move(prompt_lp);
+  }
+}
+
+void GenerationJob::process_locked(size_t sub, const RequestOutput& out) {
+  dequeue_locked();
+  const auto now = Clock::now();
+  const int n = req_.params.n;
+  const bool chat = req_.kind == ApiKind::kChat;
+  for (const CompletionOutput& c : out.outputs) {
+    if (c.index < 0 || c.index >= n) continue;
+    const int idx = static_cast<int>(sub) * n + c.index;
+    Choice& ch = choices_[idx];
+    if (!c.token_ids.empty()) {
+      if (!ch.seen_token) {
+        ch.seen_token = true;
+        ch.first_token = now;
+        if (!any_token_) {
+          any_token_ = true;
+          metrics_->observe_ttft(std::chrono::duration<double>(now - arrival_).count());
+        }
+      } else {
+        metrics_->observe_inter_token(std::chrono::duration<double>(now - ch.last_output).count());
+      }
+      ch.last_output = now;
+      ch.num_tokens += static_cast<int>(c.token_ids.size());
+    }
+    std::string text = c.text;
+    json chunk_lp;  // this output's logprobs (streaming), in the API's shape
+    if (!chat && req_.echo && !ch.echoed) handle_echo(sub, idx, out, text, req_.stream ? chunk_lp : ch.logprobs);
+    if (req_.logprobs) {
+      if (chat) {
+        json lp = chat_logprobs_json(c.logprobs);
+        if (req_.stream) {
+          chunk_lp = std::move(lp);
+        } else {
+          if (ch.logprobs.is_null()) ch.logprobs = {{"content", json::array()}, {"refusal", nullptr}};
+          for (auto& e : lp["content"]) ch.logprobs["content"].push_back(std::move(e));
+        }
+      } else {
+        append_completion_logprobs(req_.stream ? chunk_lp : ch.logprobs, c.logprobs, ch.lp_offset);
+      }
+    }
+    if (c.finish_reason != FinishReason::kNone) ch.finish = c.finish_reason;
+    if (req_.stream) {
+      const bool has_lp = !chunk_lp.is_null() && (chat ? !chunk_lp["content"].empty() : !chunk_lp["tokens"].empty());
+      if (!text.empty() || has_lp) {
+        json chunk = chat ? chat_chunk(meta_, idx, {{"content", text}}, chunk_lp, FinishReason::kNone, req_.include_usage)
+                          : completion_chunk(meta_, idx, text, chunk_lp, FinishReason::kNone, req_.include_usage);
+        if (req_.continuous_usage_stats) chunk["usage"] = usage_json(out.usage);
+        emit(chunk);
+      }
+      if (c.finish_reason != FinishReason::kNone) {
+        json chunk = chat ? chat_chunk(meta_, idx, json::object(), nullptr, c.finish_reason, req_.include_usage)
+                          : completion_chunk(meta_, idx, "", nullptr, c.finish_reason, req_.include_usage);
+        if (req_.continuous_usage_stats) chunk["usage"] = usage_json(out.usage);
+        emit(chunk);
+      }
+    } else {
+      ch.text += text;
+    }
+    if (c.finish_reason != FinishReason::kNone) {
+      const double e2e = std::chrono::duration<double>(now - arrival_).count();
+      const double ttft = ch.seen_token ? std::chrono::duration<double>(ch.first_token - arrival_).count() : -1.0;
+      metrics_->observe_finished(c.finish_reason, static_cast<int>(prompts_[sub].token_ids.size()), ch.num_tokens,
+                                 e2e, ttft);
+    }
+  }
+  if (!out.finished) return;
+  Sub& s = subs_[sub];
+  if (s.finished) return;
+  s.finished = true;
+  s.usage = out.usage;
+  const FinishReason fallback = out.error.ok() ? FinishReason::kAbort : FinishReason::kError;
+  for (int k = 0; k < n; ++k) {
+    Choice& ch = choices_[sub * n + k];
+    if (ch.finish != FinishReason::kNone) continue;
+    ch.finish = fallback;
+    if (req_.stream)
+      emit(chat ? chat_chunk(meta_, static_cast<int>(sub) * n + k, json::object(), nullptr, fallback,
+                             req_.include_usage)
+                : completion_chunk(meta_, static_cast<int>(sub) * n + k, "", nullptr, fallback, req_.include_usage));
+  }
+  if (!out.error.ok() && error_.ok()) error_ = out.error;
+  if (--subs_left_ == 0) finish_locked();
+}
+
+Usage GenerationJob::total_usage_locked() const {
+  Usage u;
+  for (size_t i = 0; i < subs_.size(); ++i) {
+    // The prompt length is known exactly here; completion and cached counts come from the engine.
+    u.prompt_tokens += static_cast<int>(prompts_[i].token_ids.size());
+    u.completion_tokens += subs_[i].usage.completion_tokens;
+    u.cached_tokens += subs_[i].usage.cached_tokens;
+  }
+  return u;
+}
+
+void GenerationJob::finish_locked() {
+  done_ = true;
+  const Usage usage = total_usage_locked();
+  const bool chat = req_.kind == ApiKind::kChat;
+  int status = 200;
+  if (!error_.ok()) {
+    ApiError e = api_error_from_status(error_);
+    if (e.http_status >= 500)
+      spdlog::error("[{}] generation failed: {}", writer_->request_id(), error_.to_string());
+    if (req_.stream) {
+      emit(e.to_json());
+    } else {
+      status = e.http_status;
+      HttpResponse r;
+      r.status = e.http_status;
+      r.body = dump_json(e.to_json());
+      writer_->send(std::move(r));
+    }
+  }
+  if (req_.stream) {
+    if (req_.include_usage) emit(usage_chunk(meta_, chat, usage));
+    writer_->write(kSseDone);
+    writer_->finish();
+  } else if (error_.ok()) {
+    json choices = json::array();
+    for (size_t i = 0; i < choices_.size(); ++i) {
+      const Choice& ch = choices_[i];
+      choices.push_back(chat ? chat_choice(static_cast<int>(i), ch.text, ch.logprobs, ch.finish)
+                             : completion_choice(static_cast<int>(i), ch.text, ch.logprobs, ch.finish));
+    }
+    HttpResponse r;
+    r.body = dump_json(chat ? chat_response(meta_, std::move(choices), usage)
+                            : completion_response(meta_, std::move(choices), usage));
+    writer_->send(std::move(r));
+  }
+  metrics_->count_http(status);
+  if (on_done) on_done(*this);
+}
+
+}  // namespace osprey::server

@@ -1,0 +1,118 @@
+#include "server/json_util.h"
+
+#include <chrono>
+#include <random>
+
+namespace osprey::server {
+
+namespace {
+
+// Maximum nesting depth of `body` outside string literals; stops early once
+// past `limit`.
+int max_depth(std::string_view body, int limit) {
+  int depth = 0, worst = 0;
+  bool in_string = false, escaped = false;
+  for (char c : body) {
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      worst = std::max(worst, ++depth);
+      if (worst > limit) return worst;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return worst;
+}
+
+}  // namespace
+
+ApiResult<nlohmann::json> parse_json_object(std::string_view body) {
+  if (body.empty()) return bad_request("The request body is empty; expected a JSON object.");
+  if (max_depth(body, kMaxJsonDepth) > kMaxJsonDepth)
+    return bad_request("The request body nests JSON deeper than " + std::to_string(kMaxJsonDepth) + " levels.");
+  nlohmann::json j = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) {
+    // Say why: run the parser again with exceptions to get its message.
+    std::string why;
+    try {
+      (void)nlohmann::json::parse(body);
+    } catch (const nlohmann::json::exception& e) {
+      why = e.what();
+    }
+    if (why.find("UTF-8") != std::string::npos || why.find("surrogate") != std::string::npos)
+      return bad_request("The request body is not valid UTF-8 JSON (" + why + ").");
+    return bad_request("We could not parse the JSON body of your request (" + why +
+                       "). The OpenAI API expects a JSON payload.");
+  }
+  if (!j.is_object()) return bad_request("The request body must be a JSON object.");
+  return j;
+}
+
+std::string dump_json(const nlohmann::json& j) {
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+bool is_valid_utf8(std::string_view s) {
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  const size_t n = s.size();
+  size_t i = 0;
+  while (i < n) {
+    const unsigned c = p[i];
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    int len;
+    uint32_t cp;
+    if ((c & 0xE0) == 0xC0) {
+      len = 2;
+      cp = c & 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+      len = 3;
+      cp = c & 0x0F;
+    } else if ((c & 0xF8) == 0xF0) {
+      len = 4;
+      cp = c & 0x07;
+    } else {
+      return false;
+    }
+    if (i + len > n) return false;
+    for (int k = 1; k < len; ++k) {
+      if ((p[i + k] & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (p[i + k] & 0x3F);
+    }
+    if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000)) return false;
+    if (cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+    i += len;
+  }
+  return true;
+}
+
+std::string random_id(std::string_view prefix) {
+  thread_local std::mt19937_64 rng{std::random_device{}() ^
+                                   static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count())};
+  static const char kHex[] = "0123456789abcdef";
+  std::string id(prefix);
+  for (int w = 0; w < 2; ++w) {
+    uint64_t r = rng();
+    for (int k = 0; k < 12; ++k, r >>= 4) id.push_back(kHex[r & 15]);
+  }
+  return id;
+}
+
+int64_t unix_time_s() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace osprey::server

@@ -1,0 +1,227 @@
+// kv_write and paged_attention against a double-precision reference that
+// reads K/V from plain per-sequence arrays: several sequences of different
+// lengths in one batch, decode and prefill chunks, GQA/MQA, sliding windows,
+// block sizes 16 and 1 with shuffled (non-contiguous) page ids.
+#include <gtest/gtest.h>
+
+#include <numeric>
+
+#include "test_util.h"
+
+namespace osprey::test {
+namespace {
+
+class AttentionTest : public testing::TestWithParam<BackendVariant> {};
+
+struct SeqSpec {
+  int kv_len;  // tokens in KV after this step
+  int q_len;   // query tokens this step: positions kv_len - q_len .. kv_len - 1
+};
+
+// A paged KV cache plus the batch description for one step.
+struct PagedSetup {
+  int64_t bs, hk, hd, num_blocks;
+  DType page_dtype;
+  std::vector<uint8_t> kpages, vpages;
+  std::vector<std::vector<float>> klog, vlog;  // per sequence [kv_len, hk, hd], as stored (rounded)
+  std::vector<int32_t> q_indptr, kv_lens, block_indptr, block_indices, positions, slot_mapping;
+  ops::AttentionBatch batch;
+
+  ops::LayerKv layer() {
+    ops::LayerKv kv;
+    kv.k = Tensor(kpages.data(), page_dtype, {num_blocks, bs, hk, hd});
+    kv.v = Tensor(vpages.data(), page_dtype, {num_blocks, bs, hk, hd});
+    return kv;
+  }
+};
+
+float round_to(DType t, float x) {
+  if (t == DType::kF16) return fp16_to_f32(f32_to_fp16(x));
+  if (t == DType::kBF16) return bf16_to_f32(f32_to_bf16(x));
+  return x;
+}
+
+// Builds the page table and fills pages with the logical K/V of each
+// sequence (pages not in any table hold large garbage that would show up).
+PagedSetup make_setup(const std::vector<SeqSpec>& seqs, int64_t bs, int64_t hk, int64_t hd, DType dt, uint32_t seed) {
+  PagedSetup p;
+  p.bs = bs;
+  p.hk = hk;
+  p.hd = hd;
+  p.page_dtype = dt;
+  int64_t needed = 0;
+  for (auto s : seqs) needed += (s.kv_len + bs - 1) / bs;
+  p.num_blocks = needed + 3;
+  std::vector<int32_t> ids(static_cast<size_t>(p.num_blocks));
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), std::mt19937(seed));
+  const int64_t row = hk * hd;
+  const int64_t esz = dt == DType::kF32 ? 4 : 2;
+  auto garbage = random_floats(static_cast<size_t>(p.num_blocks * bs * row), seed + 1, 50.0f, 100.0f);
+  p.kpages = pack(dt == DType::kF32 ? DType::kF32 : dt, garbage, p.num_blocks * bs, row);
+  p.vpages = p.kpages;
+  p.q_indptr = {0};
+  p.block_indptr = {0};
+  size_t next = 0;
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    const auto spec = seqs[s];
+    auto k = random_floats(static_cast<size_t>(spec.kv_len * row), seed + 10 + static_cast<uint32_t>(s));
+    auto v = random_floats(static_cast<size_t>(spec.kv_len * row), seed + 50 + static_cast<uint32_t>(s));
+    for (auto& x : k) x = round_to(dt, x);
+    for (auto& x : v) x = round_to(dt, x);
+    const int64_t npages = (spec.kv_len + bs - 1) / bs;
+    for (int64_t i = 0; i < npages; ++i) p.block_indices.push_back(ids[next++]);
+    p.block_indptr.push_back(static_cast<int32_t>(p.block_indices.size()));
+    for (int j = 0; j < spec.kv_len; ++j) {
+      const int64_t page = p.block_indices[static_cast<size_t>(p.block_indptr[s] + j / bs)];
+      const int64_t slot = page * bs + j % bs;
+      auto kr = pack(dt, std::vector<float>(k.begin() + j * row, k.begin() + (j + 1) * row), 1, row);
+      auto vr = pack(dt, std::vector<float>(v.begin() + j * row, v.begin() + (j + 1) * row), 1, row);
+      std::memcpy(p.kpages.data() + slot * row * esz, kr.data(), kr.size());
+      std::memcpy(p.vpages.data() + slot * row * esz, vr.data(), vr.size());
+    }
+    for (int j = spec.kv_len - spec.q_len; j < spec.kv_len; ++j) {
+      p.positions.push_back(j);
+      const int64_t page = p.block_indices[static_cast<size_t>(p.block_indptr[s] + j / bs)];
+      p.slot_mapping.push_back(static_cast<int32_t>(page * bs + j % bs));
+    }
+    p.q_indptr.push_back(p.q_indptr.back() + spec.q_len);
+    p.kv_lens.push_back(spec.kv_len);
+    p.klog.push_back(std::move(k));
+    p.vlog.push_back(std::move(v));
+  }
+  auto& b = p.batch;
+  b.num_seqs = static_cast<int>(seqs.size());
+  b.num_tokens = p.q_indptr.back();
+  for (auto s : seqs) {
+    b.max_kv_len = std::max(b.max_kv_len, s.kv_len);
+    b.max_q_len = std::max(b.max_q_len, s.q_len);
+  }
+  b.q_indptr = p.q_indptr.data();
+  b.kv_lens = p.kv_lens.data();
+  b.block_indptr = p.block_indptr.data();
+  b.block_indices = p.block_indices.data();
+  b.positions = p.positions.data();
+  b.slot_mapping = p.slot_mapping.data();
+  return p;
+}
+
+std::vector<double> ref_attention(const PagedSetup& p, const std::vector<float>& q, int64_t hq, float scale,
+                                  int window) {
+  const int64_t n = p.batch.num_tokens;
+  std::vector<double> out(static_cast<size_t>(n * hq * p.hd));
+  const int64_t group = hq / p.hk;
+  for (int s = 0; s < p.batch.num_seqs; ++s) {
+    for (int t = p.q_indptr[s]; t < p.q_indptr[s + 1]; ++t) {
+      const int pos = p.positions[static_cast<size_t>(t)];
+      const int lo = window > 0 ? std::max(0, pos - window + 1) : 0;
+      for (int64_t h = 0; h < hq; ++h) {
+        const int64_t kvh = h / group;
+        std::vector<double> sc;
+        double mx = -1e300;
+        for (int j = lo; j <= pos; ++j) {
+          double d = 0.0;
+          for (int64_t i = 0; i < p.hd; ++i)
+            d += static_cast<double>(q[static_cast<size_t>((t * hq + h) * p.hd + i)]) *
+                 p.klog[static_cast<size_t>(s)][static_cast<size_t>((j * p.hk + kvh) * p.hd + i)];
+          sc.push_back(d * scale);
+          mx = std::max(mx, sc.back());
+        }
+        double sum = 0.0;
+        for (auto& x : sc) sum += (x = std::exp(x - mx));
+        for (int64_t i = 0; i < p.hd; ++i) {
+          double acc = 0.0;
+          for (int j = lo; j <= pos; ++j)
+            acc += sc[static_cast<size_t>(j - lo)] * p.vlog[static_cast<size_t>(s)][static_cast<size_t>((j * p.hk + kvh) * p.hd + i)];
+          out[static_cast<size_t>((t * hq + h) * p.hd + i)] = acc / sum;
+        }
+      }
+    }
+  }
+  return out;
+}
+
+void run_case(cpu::CpuBackend& be, const std::vector<SeqSpec>& seqs, int64_t bs, int64_t hq, int64_t hk, int64_t hd,
+              int window, DType dt, uint32_t seed, double rel) {
+  PagedSetup p = make_setup(seqs, bs, hk, hd, dt, seed);
+  const int64_t n = p.batch.num_tokens;
+  const auto q = random_floats(static_cast<size_t>(n * hq * hd), seed + 99, -2.0f, 2.0f);
+  std::vector<float> out(q.size(), -1.0f);
+  Tensor qt(const_cast<float*>(q.data()), DType::kF32, {n, hq, hd});
+  Tensor ot(out.data(), DType::kF32, {n, hq, hd});
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  be.paged_attention(qt, p.layer(), p.batch, scale, window, ot);
+  expect_close(out, ref_attention(p, q, hq, scale, window), rel,
+               "attention bs=" + std::to_string(bs) + " hq=" + std::to_string(hq) + " hk=" + std::to_string(hk) +
+                   " window=" + std::to_string(window) + " " + std::string(dtype_name(dt)));
+}
+
+TEST_P(AttentionTest, DecodeAndPrefillMixedBatch) {
+  auto be = make_backend(GetParam());
+  // decode (q_len 1), a whole prompt, a chunk in the middle, a one-token prompt.
+  const std::vector<SeqSpec> seqs = {{40, 1}, {23, 23}, {70, 17}, {1, 1}, {16, 1}, {17, 2}};
+  uint32_t seed = 1;
+  for (int64_t bs : {16, 1}) {
+    for (auto [hq, hk] : {std::pair<int64_t, int64_t>{4, 4}, {9, 3}, {8, 2}, {6, 1}}) {
+      for (int window : {0, 5}) run_case(*be, seqs, bs, hq, hk, 64, window, DType::kF32, seed++, 2e-6);
+    }
+  }
+}
+
+TEST_P(AttentionTest, LongContextManyHeads) {
+  auto be = make_backend(GetParam());
+  run_case(*be, {{700, 1}, {300, 3}}, 16, 9, 3, 64, 0, DType::kF32, 7, 2e-6);
+  run_case(*be, {{700, 1}, {300, 3}}, 16, 9, 3, 64, 256, DType::kF32, 8, 2e-6);
+  run_case(*be, {{129, 129}}, 16, 4, 2, 32, 0, DType::kF32, 9, 2e-6);
+}
+
+TEST_P(AttentionTest, OddHeadDim) {
+  auto be = make_backend(GetParam());
+  run_case(*be, {{19, 3}, {5, 1}}, 4, 6, 2, 13, 0, DType::kF32, 11, 2e-6);
+}
+
+TEST_P(AttentionTest, HalfPrecisionPages) {
+  auto be = make_backend(GetParam());
+  run_case(*be, {{40, 1}, {23, 23}}, 16, 9, 3, 64, 0, DType::kF16, 21, 2e-6);
+  run_case(*be, {{40, 1}, {23, 23}}, 1, 8, 1, 64, 7, DType::kBF16, 22, 2e-6);
+}
+
+TEST_P(AttentionTest, KvWriteScattersAndSkips) {
+  auto be = make_backend(GetParam());
+  for (DType dt : {DType::kF32, DType::kF16}) {
+    const int64_t nb = 5, bs = 4, hk = 3, hd = 8, row = hk * hd;
+    std::vector<float> kzero(static_cast<size_t>(nb * bs * row), 0.0f);
+    auto kpages = pack(dt, kzero, nb * bs, row);
+    auto vpages = kpages;
+    ops::LayerKv kv;
+    kv.k = Tensor(kpages.data(), dt, {nb, bs, hk, hd});
+    kv.v = Tensor(vpages.data(), dt, {nb, bs, hk, hd});
+    const std::vector<int32_t> slots = {13, -1, 0, 19, 7};
+    const int64_t n = static_cast<int64_t>(slots.size());
+    const auto k = random_floats(static_cast<size_t>(n * row), 31);
+    const auto v = random_floats(static_cast<size_t>(n * row), 32);
+    ops::AttentionBatch batch;
+    batch.num_tokens = static_cast<int>(n);
+    batch.slot_mapping = slots.data();
+    Tensor kt(const_cast<float*>(k.data()), DType::kF32, {n, hk, hd});
+    Tensor vt(const_cast<float*>(v.data()), DType::kF32, {n, hk, hd});
+    be->kv_write(kt, vt, batch, kv);
+    const auto kback = unpack(dt, kpages, nb * bs, row);
+    const auto vback = unpack(dt, vpages, nb * bs, row);
+    std::vector<double> kexp(kback.size(), 0.0), vexp(vback.size(), 0.0);
+    for (int64_t i = 0; i < n; ++i) {
+      if (slots[static_cast<size_t>(i)] < 0) continue;
+      for (int64_t e = 0; e < row; ++e) {
+        kexp[static_cast<size_t>(slots[static_cast<size_t>(i)] * row + e)] = round_to(dt, k[static_cast<size_t>(i * row + e)]);
+        vexp[static_cast<size_t>(slots[static_cast<size_t>(i)] * row + e)] = round_to(dt, v[static_cast<size_t>(i * row + e)]);
+      }
+    }
+    EXPECT_EQ(kback, kexp) << dtype_name(dt);
+    EXPECT_EQ(vback, vexp) << dtype_name(dt);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Variants, AttentionTest, testing::ValuesIn(all_variants()), variant_name);
+
+}  // namespace
+}  // namespace osprey::test
