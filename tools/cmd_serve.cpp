@@ -82,7 +82,8 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--host", o->host, "Address to listen on");
   cmd->add_option("--port", o->port, "Port to listen on (0: any free port)")->check(CLI::Range(0, 65535));
   cmd->add_option("--api-key", o->api_key, "Require 'Authorization: Bearer KEY' on /v1/* (or $OSPREY_API_KEY)");
-  cmd->add_option("--max-queue", o->max_queue, "Requests waiting for their first token at most; more get 429 (0: no limit)")
+  cmd->add_option("--max-queue", o->max_queue,
+                  "Requests waiting for their first token at most; more get 429 (0: no limit)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--shutdown-timeout", o->shutdown_timeout,
                   "Seconds to drain in-flight requests after SIGTERM before aborting them")

@@ -28,7 +28,9 @@ using osprey::DType;
 using osprey::Tensor;
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
 
 // Random packed weights: fill with random bytes, then set block scales to
 // sane fp16 values so the arithmetic sees ordinary numbers.
@@ -143,9 +145,10 @@ void bench_decode_step(osprey::cpu::CpuBackend& be, int reps) {
   }
   std::sort(times.begin(), times.end());
   const double med = times[times.size() / 2];
-  std::printf("decode step matmuls (30 layers Q4_1 + lm_head Q8_0, %.1f MB): %.2f ms median, %.2f ms best, "
-              "%.2f GB/s, %.1f tok/s bound\n",
-              bytes / 1e6, med * 1e3, times[0] * 1e3, bytes / med * 1e-9, 1.0 / med);
+  std::printf(
+      "decode step matmuls (30 layers Q4_1 + lm_head Q8_0, %.1f MB): %.2f ms median, %.2f ms best, "
+      "%.2f GB/s, %.1f tok/s bound\n",
+      bytes / 1e6, med * 1e3, times[0] * 1e3, bytes / med * 1e-9, 1.0 / med);
 }
 
 void bench_read_bandwidth(osprey::ThreadPool& pool) {
@@ -159,8 +162,14 @@ void bench_read_bandwidth(osprey::ThreadPool& pool) {
     pool.parallel_for(static_cast<int64_t>(n / 4096), [&](int64_t b, int64_t e) {
       float s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;
       for (size_t i = static_cast<size_t>(b) * 4096; i < static_cast<size_t>(e) * 4096; i += 8) {
-        s0 += buf[i]; s1 += buf[i + 1]; s2 += buf[i + 2]; s3 += buf[i + 3];
-        s4 += buf[i + 4]; s5 += buf[i + 5]; s6 += buf[i + 6]; s7 += buf[i + 7];
+        s0 += buf[i];
+        s1 += buf[i + 1];
+        s2 += buf[i + 2];
+        s3 += buf[i + 3];
+        s4 += buf[i + 4];
+        s5 += buf[i + 5];
+        s6 += buf[i + 6];
+        s7 += buf[i + 7];
       }
       partial[static_cast<size_t>(osprey::ThreadPool::thread_index())] += s0 + s1 + s2 + s3 + s4 + s5 + s6 + s7;
     });
@@ -198,13 +207,14 @@ void bench_openblas(int reps) {
     double best = 1e30;
     for (int r = 0; r < reps; ++r) {
       const auto t0 = Clock::now();
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n), static_cast<int>(m), static_cast<int>(k),
-                  1.0f, x.data(), static_cast<int>(k), w.data(), static_cast<int>(k), 0.0f, out.data(),
-                  static_cast<int>(m));
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n), static_cast<int>(m),
+                  static_cast<int>(k), 1.0f, x.data(), static_cast<int>(k), w.data(), static_cast<int>(k), 0.0f,
+                  out.data(), static_cast<int>(m));
       best = std::min(best, seconds_since(t0));
     }
-    std::printf("OpenBLAS sgemm 1 thread F32 %lld x %lld n=%lld: best %.1f us, %.2f GFLOP/s\n", static_cast<long long>(m),
-                static_cast<long long>(k), static_cast<long long>(n), best * 1e6, 2.0 * n * m * k / best * 1e-9);
+    std::printf("OpenBLAS sgemm 1 thread F32 %lld x %lld n=%lld: best %.1f us, %.2f GFLOP/s\n",
+                static_cast<long long>(m), static_cast<long long>(k), static_cast<long long>(n), best * 1e6,
+                2.0 * n * m * k / best * 1e-9);
   }
 }
 
@@ -244,7 +254,9 @@ int main(int argc, char** argv) {
       a.reps = std::atoi(argv[++i]);
     } else if (s == "--isa" && i + 1 < argc) {
       const std::string v = argv[++i];
-      a.isa = v == "scalar" ? osprey::cpu::Isa::kScalar : v == "avx2" ? osprey::cpu::Isa::kAvx2 : osprey::cpu::Isa::kAuto;
+      a.isa = v == "scalar" ? osprey::cpu::Isa::kScalar
+              : v == "avx2" ? osprey::cpu::Isa::kAvx2
+                            : osprey::cpu::Isa::kAuto;
     } else {
       std::fprintf(stderr, "usage: %s [--threads N] [--isa auto|scalar|avx2] [--reps R]\n", argv[0]);
       return 2;
@@ -264,9 +276,9 @@ int main(int argc, char** argv) {
     DType t;
     int64_t m, k;
   };
-  const Shape shapes[] = {{DType::kQ4_1, 576, 576},  {DType::kQ4_1, 192, 576}, {DType::kQ4_1, 1536, 576},
+  const Shape shapes[] = {{DType::kQ4_1, 576, 576},  {DType::kQ4_1, 192, 576},   {DType::kQ4_1, 1536, 576},
                           {DType::kQ4_1, 576, 1536}, {DType::kQ8_0, 49152, 576}, {DType::kQ4_0, 1536, 576},
-                          {DType::kF16, 1536, 576},  {DType::kBF16, 1536, 576}, {DType::kF32, 1536, 576}};
+                          {DType::kF16, 1536, 576},  {DType::kBF16, 1536, 576},  {DType::kF32, 1536, 576}};
   for (int64_t n : {1, 128}) {
     for (const auto& s : shapes) {
       bench_matmul(*be, s.t, s.m, s.k, n, /*cold=*/false, a.reps);

@@ -139,6 +139,9 @@ def main() -> None:
         "loadavg_before": load_before,
         "loadavg_after": os.getloadavg(),
         "n_cpus": os.cpu_count(),
+        # llama.cpp's threads are OpenMP threads: on a busy machine the default (spinning)
+        # wait policy collapses with 2+ threads; OMP_WAIT_POLICY=passive avoids that.
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default"),
         "system_info": llama_cpp.llama_print_system_info().decode(errors="replace").strip(),
     }
     print(json.dumps(result, indent=1))

@@ -20,7 +20,9 @@ thread_local bool t_in_job = false;
 
 }  // namespace
 
-int ThreadPool::thread_index() { return t_thread_index; }
+int ThreadPool::thread_index() {
+  return t_thread_index;
+}
 
 ThreadPool::ThreadPool(int num_threads, int spin_us) : spin_us_(std::max(0, spin_us)) {
   if (num_threads <= 0) num_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -33,7 +35,9 @@ namespace {
 
 constexpr uint64_t kClosed = uint64_t{1} << 31;
 constexpr uint64_t kJoinedMask = kClosed - 1;
-inline uint32_t gen_of(uint64_t state) { return static_cast<uint32_t>(state >> 32); }
+inline uint32_t gen_of(uint64_t state) {
+  return static_cast<uint32_t>(state >> 32);
+}
 
 }  // namespace
 

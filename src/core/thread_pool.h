@@ -1,10 +1,13 @@
 // ThreadPool: persistent workers for data-parallel loops, tuned for many small
 // dispatches (decode issues ~300 per token). The calling thread takes part.
 //
-// Wake-up protocol: a dispatch publishes the job and bumps an atomic
-// generation counter. Idle workers spin on that counter for spin_us before
-// sleeping on a condition variable, so back-to-back dispatches cost about a
-// microsecond and an idle pool costs no CPU. A dispatch allocates nothing.
+// Wake-up protocol: a dispatch publishes the job under a new generation in an
+// atomic state word. Idle workers spin on it for spin_us before sleeping on a
+// condition variable, so back-to-back dispatches cost about a microsecond and
+// an idle pool costs no CPU. Workers join a job only while it is open; the
+// caller closes it once every chunk is claimed and waits only for the workers
+// that joined, so a worker the OS has not scheduled (an oversubscribed
+// machine) never stalls a dispatch. A dispatch allocates nothing.
 //
 // Invariants: one dispatch at a time. A parallel_for issued from inside a job
 // (nested) or while another thread's dispatch is running runs inline on the
@@ -44,7 +47,8 @@ class ThreadPool {
   template <class F>
   void parallel_for(int64_t n, F&& fn, int64_t grain = 1) {
     using Fn = std::remove_reference_t<F>;
-    run(n, grain, [](void* ctx, int64_t b, int64_t e) { (*static_cast<Fn*>(ctx))(b, e); },
+    run(
+        n, grain, [](void* ctx, int64_t b, int64_t e) { (*static_cast<Fn*>(ctx))(b, e); },
         const_cast<void*>(static_cast<const void*>(&fn)));
   }
 

@@ -14,8 +14,8 @@ struct ApiError {
   int http_status = 400;
   std::string message;
   std::string type = "invalid_request_error";
-  std::string param;  // "" -> null
-  std::string code;   // "" -> null
+  std::string param;      // "" -> null
+  std::string code;       // "" -> null
   int retry_after_s = 0;  // > 0: sent as a Retry-After header
 
   nlohmann::json to_json() const;
@@ -33,8 +33,8 @@ template <class T>
 struct ApiResult {
   std::optional<T> value;
   std::optional<ApiError> error;
-  ApiResult(T v) : value(std::move(v)) {}            // NOLINT
-  ApiResult(ApiError e) : error(std::move(e)) {}     // NOLINT
+  ApiResult(T v) : value(std::move(v)) {}         // NOLINT
+  ApiResult(ApiError e) : error(std::move(e)) {}  // NOLINT
   bool ok() const { return value.has_value(); }
 };
 

@@ -97,7 +97,9 @@ void GenerationJob::dequeue_locked() {
   if (on_dequeued) on_dequeued();
 }
 
-void GenerationJob::emit(const json& chunk) { writer_->write(sse_event(chunk)); }
+void GenerationJob::emit(const json& chunk) {
+  writer_->write(sse_event(chunk));
+}
 
 void GenerationJob::on_output(size_t sub, const RequestOutput& out) {
   std::lock_guard lock(mu_);
@@ -180,8 +182,9 @@ void GenerationJob::process_locked(size_t sub, const RequestOutput& out) {
     if (req_.stream) {
       const bool has_lp = !chunk_lp.is_null() && (chat ? !chunk_lp["content"].empty() : !chunk_lp["tokens"].empty());
       if (!text.empty() || has_lp) {
-        json chunk = chat ? chat_chunk(meta_, idx, {{"content", text}}, chunk_lp, FinishReason::kNone, req_.include_usage)
-                          : completion_chunk(meta_, idx, text, chunk_lp, FinishReason::kNone, req_.include_usage);
+        json chunk =
+            chat ? chat_chunk(meta_, idx, {{"content", text}}, chunk_lp, FinishReason::kNone, req_.include_usage)
+                 : completion_chunk(meta_, idx, text, chunk_lp, FinishReason::kNone, req_.include_usage);
         if (req_.continuous_usage_stats) chunk["usage"] = usage_json(out.usage);
         emit(chunk);
       }
@@ -197,8 +200,8 @@ void GenerationJob::process_locked(size_t sub, const RequestOutput& out) {
     if (c.finish_reason != FinishReason::kNone) {
       const double e2e = std::chrono::duration<double>(now - arrival_).count();
       const double ttft = ch.seen_token ? std::chrono::duration<double>(ch.first_token - arrival_).count() : -1.0;
-      metrics_->observe_finished(c.finish_reason, static_cast<int>(prompts_[sub].token_ids.size()), ch.num_tokens,
-                                 e2e, ttft);
+      metrics_->observe_finished(c.finish_reason, static_cast<int>(prompts_[sub].token_ids.size()), ch.num_tokens, e2e,
+                                 ttft);
     }
   }
   if (!out.finished) return;
@@ -212,9 +215,9 @@ void GenerationJob::process_locked(size_t sub, const RequestOutput& out) {
     if (ch.finish != FinishReason::kNone) continue;
     ch.finish = fallback;
     if (req_.stream)
-      emit(chat ? chat_chunk(meta_, static_cast<int>(sub) * n + k, json::object(), nullptr, fallback,
-                             req_.include_usage)
-                : completion_chunk(meta_, static_cast<int>(sub) * n + k, "", nullptr, fallback, req_.include_usage));
+      emit(chat
+               ? chat_chunk(meta_, static_cast<int>(sub) * n + k, json::object(), nullptr, fallback, req_.include_usage)
+               : completion_chunk(meta_, static_cast<int>(sub) * n + k, "", nullptr, fallback, req_.include_usage));
   }
   if (!out.error.ok() && error_.ok()) error_ = out.error;
   if (--subs_left_ == 0) finish_locked();
@@ -238,8 +241,7 @@ void GenerationJob::finish_locked() {
   int status = 200;
   if (!error_.ok()) {
     ApiError e = api_error_from_status(error_);
-    if (e.http_status >= 500)
-      spdlog::error("[{}] generation failed: {}", writer_->request_id(), error_.to_string());
+    if (e.http_status >= 500) spdlog::error("[{}] generation failed: {}", writer_->request_id(), error_.to_string());
     if (req_.stream) {
       emit(e.to_json());
     } else {

@@ -54,8 +54,8 @@ class GenerationJob : public std::enable_shared_from_this<GenerationJob> {
  private:
   struct Choice {
     std::string text;
-    nlohmann::json logprobs;       // accumulated (non-streaming)
-    size_t lp_offset = 0;          // completions text_offset of the next token
+    nlohmann::json logprobs;  // accumulated (non-streaming)
+    size_t lp_offset = 0;     // completions text_offset of the next token
     FinishReason finish = FinishReason::kNone;
     bool echoed = false;
     bool seen_token = false;
@@ -89,7 +89,7 @@ class GenerationJob : public std::enable_shared_from_this<GenerationJob> {
   std::vector<Choice> choices_;  // prompts x n, prompt-major
   std::vector<Sub> subs_;
   size_t subs_left_ = 0;
-  bool started_ = false;     // submits done; outputs before this wait in pending_
+  bool started_ = false;  // submits done; outputs before this wait in pending_
   bool failed_start_ = false;
   bool dequeued_ = false;
   bool any_token_ = false;

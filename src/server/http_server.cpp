@@ -24,22 +24,38 @@ using error_code = boost::system::error_code;
 
 const char* http_reason(int status) {
   switch (status) {
-    case 200: return "OK";
-    case 204: return "No Content";
-    case 400: return "Bad Request";
-    case 401: return "Unauthorized";
-    case 403: return "Forbidden";
-    case 404: return "Not Found";
-    case 405: return "Method Not Allowed";
-    case 408: return "Request Timeout";
-    case 413: return "Payload Too Large";
-    case 422: return "Unprocessable Entity";
-    case 429: return "Too Many Requests";
-    case 431: return "Request Header Fields Too Large";
-    case 500: return "Internal Server Error";
-    case 501: return "Not Implemented";
-    case 503: return "Service Unavailable";
-    default: return "Unknown";
+    case 200:
+      return "OK";
+    case 204:
+      return "No Content";
+    case 400:
+      return "Bad Request";
+    case 401:
+      return "Unauthorized";
+    case 403:
+      return "Forbidden";
+    case 404:
+      return "Not Found";
+    case 405:
+      return "Method Not Allowed";
+    case 408:
+      return "Request Timeout";
+    case 413:
+      return "Payload Too Large";
+    case 422:
+      return "Unprocessable Entity";
+    case 429:
+      return "Too Many Requests";
+    case 431:
+      return "Request Header Fields Too Large";
+    case 500:
+      return "Internal Server Error";
+    case 501:
+      return "Not Implemented";
+    case 503:
+      return "Service Unavailable";
+    default:
+      return "Unknown";
   }
 }
 
@@ -79,7 +95,7 @@ struct HttpServer::Impl : std::enable_shared_from_this<HttpServer::Impl> {
   HttpHandler handler;
   asio::io_context ioc;
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work;
-  tcp::acceptor acceptor{ioc};
+  tcp::acceptor acceptor{asio::make_strand(ioc)};  // accept handlers and close() serialised on its strand
   std::unique_ptr<asio::thread_pool> workers;
   std::vector<std::thread> io_threads;
   std::atomic<bool> draining{false};
@@ -374,7 +390,7 @@ class Session : public std::enable_shared_from_this<Session> {
   std::string remote_;
   State state_ = State::kIdle;
   uint64_t timer_gen_ = 0;
-  boost::beast::flat_buffer in_;     // received, not yet parsed
+  boost::beast::flat_buffer in_;    // received, not yet parsed
   std::array<char, 16384> rbuf_{};  // target of the pending read
   bool reading_ = false;
   std::optional<http::request_parser<http::string_body>> parser_;
@@ -512,7 +528,6 @@ void Session::dispatch_request() {
   do_read();  // watch for a disconnect while the handler works
 }
 
-
 void Session::send_whole(Writer* w, HttpResponse r) {
   if (state_ != State::kHandling || writer_.get() != w || response_started_) return;
   response_started_ = true;
@@ -567,7 +582,7 @@ void HttpServer::Impl::do_accept() {
     if (!self->acceptor.is_open() || self->draining || self->stopped) return;
     if (ec) {
       // E.g. out of file descriptors: back off instead of spinning.
-      auto t = std::make_shared<asio::steady_timer>(self->ioc, std::chrono::milliseconds(50));
+      auto t = std::make_shared<asio::steady_timer>(self->acceptor.get_executor(), std::chrono::milliseconds(50));
       t->async_wait([self, t](error_code) { self->do_accept(); });
       return;
     }
@@ -585,7 +600,9 @@ HttpServer::HttpServer(HttpServerOptions options, HttpHandler handler) : impl_(s
   impl_->handler = std::move(handler);
 }
 
-HttpServer::~HttpServer() { stop(); }
+HttpServer::~HttpServer() {
+  stop();
+}
 
 Status HttpServer::start() {
   Impl& m = *impl_;
@@ -608,12 +625,14 @@ Status HttpServer::start() {
   return Status::Ok();
 }
 
-int HttpServer::port() const { return impl_->bound_port; }
+int HttpServer::port() const {
+  return impl_->bound_port;
+}
 
 void HttpServer::begin_drain() {
   Impl& m = *impl_;
   if (m.draining.exchange(true)) return;
-  asio::post(m.ioc, [&m] {
+  asio::post(m.acceptor.get_executor(), [&m] {
     error_code ec;
     m.acceptor.close(ec);
   });
@@ -631,7 +650,7 @@ void HttpServer::stop() {
   if (m.stopped.exchange(true)) return;
   m.draining = true;
   if (!m.io_threads.empty()) {
-    asio::post(m.ioc, [&m] {
+    asio::post(m.acceptor.get_executor(), [&m] {
       error_code ec;
       m.acceptor.close(ec);
     });
@@ -655,6 +674,8 @@ void HttpServer::stop() {
   }
 }
 
-HttpServerCounters HttpServer::counters() const { return {impl_->open_connections.load(), impl_->accepted.load()}; }
+HttpServerCounters HttpServer::counters() const {
+  return {impl_->open_connections.load(), impl_->accepted.load()};
+}
 
 }  // namespace osprey::server

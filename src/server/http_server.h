@@ -19,7 +19,7 @@ namespace osprey::server {
 
 struct HttpServerOptions {
   std::string host = "127.0.0.1";
-  int port = 8000;                      // 0: an ephemeral port (see HttpServer::port())
+  int port = 8000;  // 0: an ephemeral port (see HttpServer::port())
   int num_io_threads = 2;
   int num_worker_threads = 2;
   size_t max_body_bytes = size_t{8} << 20;

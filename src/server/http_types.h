@@ -13,9 +13,9 @@
 namespace osprey::server {
 
 struct HttpRequest {
-  std::string method;  // "GET", "POST", ...
-  std::string path;    // target without the query
-  std::string query;   // after '?', may be empty
+  std::string method;                                        // "GET", "POST", ...
+  std::string path;                                          // target without the query
+  std::string query;                                         // after '?', may be empty
   std::vector<std::pair<std::string, std::string>> headers;  // names lower-cased
   std::string body;
   std::string request_id;  // from X-Request-Id when sane, else generated

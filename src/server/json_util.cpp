@@ -41,15 +41,11 @@ ApiResult<nlohmann::json> parse_json_object(std::string_view body) {
   if (body.empty()) return bad_request("The request body is empty; expected a JSON object.");
   if (max_depth(body, kMaxJsonDepth) > kMaxJsonDepth)
     return bad_request("The request body nests JSON deeper than " + std::to_string(kMaxJsonDepth) + " levels.");
-  nlohmann::json j = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) {
-    // Say why: run the parser again with exceptions to get its message.
-    std::string why;
-    try {
-      (void)nlohmann::json::parse(body);
-    } catch (const nlohmann::json::exception& e) {
-      why = e.what();
-    }
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(body);
+  } catch (const nlohmann::json::exception& e) {
+    const std::string why = e.what();
     if (why.find("UTF-8") != std::string::npos || why.find("surrogate") != std::string::npos)
       return bad_request("The request body is not valid UTF-8 JSON (" + why + ").");
     return bad_request("We could not parse the JSON body of your request (" + why +

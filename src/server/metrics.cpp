@@ -50,10 +50,14 @@ void sample(std::string& out, const char* name, const std::string& labels, doubl
 std::string prometheus_escape(const std::string& v) {
   std::string o;
   for (char c : v) {
-    if (c == '\\') o += "\\\\";
-    else if (c == '"') o += "\\\"";
-    else if (c == '\n') o += "\\n";
-    else o += c;
+    if (c == '\\')
+      o += "\\\\";
+    else if (c == '"')
+      o += "\\\"";
+    else if (c == '\n')
+      o += "\\n";
+    else
+      o += c;
   }
   return o;
 }

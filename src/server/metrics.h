@@ -33,8 +33,8 @@ class Histogram {
 // Gauges the server itself knows (not the engine).
 struct ServerGauges {
   int64_t open_connections = 0;
-  int64_t queued_requests = 0;   // admitted, no output yet
-  int64_t inflight_requests = 0; // admitted generation requests not finished
+  int64_t queued_requests = 0;    // admitted, no output yet
+  int64_t inflight_requests = 0;  // admitted generation requests not finished
   bool ready = false;
 };
 

@@ -84,22 +84,30 @@ json completion_choice(int index, const std::string& text, const json& logprobs,
 }
 
 json chat_response(const ResponseMeta& m, json choices, const Usage& usage) {
-  return {{"id", m.id},           {"object", "chat.completion"},  {"created", m.created},
-          {"model", m.model},     {"choices", std::move(choices)}, {"usage", usage_json(usage)},
+  return {{"id", m.id},
+          {"object", "chat.completion"},
+          {"created", m.created},
+          {"model", m.model},
+          {"choices", std::move(choices)},
+          {"usage", usage_json(usage)},
           {"system_fingerprint", m.fingerprint}};
 }
 
 json completion_response(const ResponseMeta& m, json choices, const Usage& usage) {
-  return {{"id", m.id},           {"object", "text_completion"},  {"created", m.created},
-          {"model", m.model},     {"choices", std::move(choices)}, {"usage", usage_json(usage)},
+  return {{"id", m.id},
+          {"object", "text_completion"},
+          {"created", m.created},
+          {"model", m.model},
+          {"choices", std::move(choices)},
+          {"usage", usage_json(usage)},
           {"system_fingerprint", m.fingerprint}};
 }
 
 json chat_chunk(const ResponseMeta& m, int index, json delta, const json& logprobs, FinishReason finish,
                 bool usage_null) {
-  json choice = {{"index", index}, {"delta", std::move(delta)}, {"logprobs", logprobs},
-                 {"finish_reason", finish_json(finish)}};
-  json j = {{"id", m.id},       {"object", "chat.completion.chunk"}, {"created", m.created},
+  json choice = {
+      {"index", index}, {"delta", std::move(delta)}, {"logprobs", logprobs}, {"finish_reason", finish_json(finish)}};
+  json j = {{"id", m.id},       {"object", "chat.completion.chunk"},   {"created", m.created},
             {"model", m.model}, {"system_fingerprint", m.fingerprint}, {"choices", json::array({std::move(choice)})}};
   if (usage_null) j["usage"] = nullptr;
   return j;
@@ -108,7 +116,7 @@ json chat_chunk(const ResponseMeta& m, int index, json delta, const json& logpro
 json completion_chunk(const ResponseMeta& m, int index, const std::string& text, const json& logprobs,
                       FinishReason finish, bool usage_null) {
   json choice = {{"index", index}, {"text", text}, {"logprobs", logprobs}, {"finish_reason", finish_json(finish)}};
-  json j = {{"id", m.id},       {"object", "text_completion"},        {"created", m.created},
+  json j = {{"id", m.id},       {"object", "text_completion"},         {"created", m.created},
             {"model", m.model}, {"system_fingerprint", m.fingerprint}, {"choices", json::array({std::move(choice)})}};
   if (usage_null) j["usage"] = nullptr;
   return j;

@@ -12,21 +12,28 @@ namespace {
 using json = nlohmann::json;
 using Err = std::optional<ApiError>;
 
-#define OSP_API_TRY(expr)          \
-  do {                             \
-    Err osp_err_ = (expr);         \
+#define OSP_API_TRY(expr)           \
+  do {                              \
+    Err osp_err_ = (expr);          \
     if (osp_err_) return *osp_err_; \
   } while (0)
 
 std::string type_name(const json& v) {
   switch (v.type()) {
-    case json::value_t::null: return "null";
-    case json::value_t::boolean: return "a boolean";
-    case json::value_t::string: return "a string";
-    case json::value_t::array: return "an array";
-    case json::value_t::object: return "an object";
-    case json::value_t::number_float: return "a decimal";
-    default: return "an integer";
+    case json::value_t::null:
+      return "null";
+    case json::value_t::boolean:
+      return "a boolean";
+    case json::value_t::string:
+      return "a string";
+    case json::value_t::array:
+      return "an array";
+    case json::value_t::object:
+      return "an object";
+    case json::value_t::number_float:
+      return "a decimal";
+    default:
+      return "an integer";
   }
 }
 
@@ -36,9 +43,9 @@ std::string number_text(double v) {
 }
 
 ApiError type_error(const std::string& param, const char* expected, const json& got) {
-  return bad_request("Invalid type for '" + param + "': expected " + expected + ", but got " + type_name(got) +
-                         " instead.",
-                     param, "invalid_type");
+  return bad_request(
+      "Invalid type for '" + param + "': expected " + expected + ", but got " + type_name(got) + " instead.", param,
+      "invalid_type");
 }
 
 ApiError range_error(const std::string& param, const char* what, bool below, double bound, double got) {
@@ -162,7 +169,7 @@ Err read_token_ids(const json& v, const std::string& param, const ParseLimits& l
   out.clear();
   out.reserve(v.size());
   for (const json& t : v) {
-    int32_t id;
+    int32_t id = 0;
     OSP_API_TRY(check_token_id(t, param, limits, id));
     out.push_back(id);
   }
@@ -182,8 +189,9 @@ Err check_message(json& m, size_t i) {
   static const std::set<std::string> kRoles = {"system", "developer", "user", "assistant", "tool", "function"};
   const std::string role = role_it->get<std::string>();
   if (!kRoles.count(role))
-    return bad_request("Invalid value: '" + role + "'. Supported values are: 'system', 'developer', 'user', "
-                       "'assistant', 'tool' and 'function'.",
+    return bad_request("Invalid value: '" + role +
+                           "'. Supported values are: 'system', 'developer', 'user', "
+                           "'assistant', 'tool' and 'function'.",
                        where + ".role", "invalid_value");
   auto content = m.find("content");
   const bool may_omit = role == "assistant";
@@ -204,9 +212,9 @@ Err check_message(json& m, size_t i) {
     if (type == part.end() || !type->is_string())
       return bad_request("Missing required parameter: '" + pw + ".type'.", pw + ".type", "missing_required_parameter");
     if (*type != "text")
-      return bad_request("Content parts of type '" + type->get<std::string>() +
-                             "' are not supported by this model; only 'text' is.",
-                         pw + ".type", "unsupported_content_type");
+      return bad_request(
+          "Content parts of type '" + type->get<std::string>() + "' are not supported by this model; only 'text' is.",
+          pw + ".type", "unsupported_content_type");
     auto text = part.find("text");
     if (text == part.end() || !text->is_string())
       return type_error(pw + ".text", "a string", text == part.end() ? json() : *text);
@@ -222,9 +230,10 @@ Err read_messages(const json& body, json& messages) {
   if (!v) return bad_request("Missing required parameter: 'messages'.", "messages", "missing_required_parameter");
   if (!v->is_array()) return type_error("messages", "an array", *v);
   if (v->empty())
-    return bad_request("Invalid 'messages': empty array. Expected an array with minimum length 1, but got an empty "
-                       "array instead.",
-                       "messages", "empty_array");
+    return bad_request(
+        "Invalid 'messages': empty array. Expected an array with minimum length 1, but got an empty "
+        "array instead.",
+        "messages", "empty_array");
   messages = *v;
   for (size_t i = 0; i < messages.size(); ++i) OSP_API_TRY(check_message(messages[i], i));
   return std::nullopt;
@@ -233,7 +242,8 @@ Err read_messages(const json& body, json& messages) {
 Err read_tools(const json& body, json& tools) {
   const json* choice = field(body, "tool_choice");
   if (choice) {
-    if (!(choice->is_string() || choice->is_object())) return type_error("tool_choice", "a string or an object", *choice);
+    if (!(choice->is_string() || choice->is_object()))
+      return type_error("tool_choice", "a string or an object", *choice);
     if (!(choice->is_string() && (*choice == "none" || *choice == "auto")))
       return bad_request("Only 'none' and 'auto' are supported for 'tool_choice'.", "tool_choice", "unsupported_value");
   }
@@ -245,8 +255,8 @@ Err read_tools(const json& body, json& tools) {
     const std::string where = "tools[" + std::to_string(i) + "]";
     if (!t.is_object()) return type_error(where, "an object", t);
     auto fn = t.find("function");
-    if (string_field(t, "type") != "function" || fn == t.end() || !fn->is_object() ||
-        !fn->contains("name") || !(*fn)["name"].is_string())
+    if (string_field(t, "type") != "function" || fn == t.end() || !fn->is_object() || !fn->contains("name") ||
+        !(*fn)["name"].is_string())
       return bad_request("Invalid '" + where + "': expected {\"type\": \"function\", \"function\": {\"name\": ...}}.",
                          where, "invalid_value");
   }
@@ -287,11 +297,11 @@ Err read_logit_bias(const json& body, const ParseLimits& limits, std::map<int32_
     for (char c : key) digits = digits && c >= '0' && c <= '9';
     const int64_t id = digits ? std::stoll(key) : -1;
     if (!digits || id > std::numeric_limits<int32_t>::max() || (limits.vocab_size > 0 && id >= limits.vocab_size))
-      return bad_request("Invalid key in 'logit_bias': '" + key + "' is not a token id of this model" +
-                             (limits.vocab_size > 0 ? " (vocabulary size " + std::to_string(limits.vocab_size) + ")"
-                                                    : std::string()) +
-                             ".",
-                         "logit_bias", "invalid_value");
+      return bad_request(
+          "Invalid key in 'logit_bias': '" + key + "' is not a token id of this model" +
+              (limits.vocab_size > 0 ? " (vocabulary size " + std::to_string(limits.vocab_size) + ")" : std::string()) +
+              ".",
+          "logit_bias", "invalid_value");
     if (!it->is_number()) return type_error("logit_bias." + key, "a number", *it);
     const double b = it->get<double>();
     if (!(b >= -100.0 && b <= 100.0))
@@ -348,7 +358,8 @@ Err read_common(const json& body, const ParseLimits& limits, GenerationRequest& 
   OSP_API_TRY(read_bool(body, "ignore_eos", p.ignore_eos));
   OSP_API_TRY(read_bool(body, "skip_special_tokens", p.skip_special_tokens));
   OSP_API_TRY(read_bool(body, "include_stop_str_in_output", p.include_stop_str_in_output));
-  if (const json* ids = field(body, "stop_token_ids")) OSP_API_TRY(read_token_ids(*ids, "stop_token_ids", limits, p.stop_token_ids));
+  if (const json* ids = field(body, "stop_token_ids"))
+    OSP_API_TRY(read_token_ids(*ids, "stop_token_ids", limits, p.stop_token_ids));
   OSP_API_TRY(read_bool(body, "add_special_tokens", r.add_special_tokens));
   return std::nullopt;
 }
@@ -375,10 +386,10 @@ Err read_max_tokens(const json& body, GenerationRequest& r, bool chat) {
   return std::nullopt;
 }
 
-Err reject_unless(const json& body, const char* key, const std::function<bool(const json&)>& allowed,
-                  const char* why) {
+Err reject_unless(const json& body, const char* key, const std::function<bool(const json&)>& allowed, const char* why) {
   const json* v = field(body, key);
-  if (v && !allowed(*v)) return bad_request(std::string("Unsupported value for '") + key + "': " + why, key, "unsupported_value");
+  if (v && !allowed(*v))
+    return bad_request(std::string("Unsupported value for '") + key + "': " + why, key, "unsupported_value");
   return std::nullopt;
 }
 
@@ -415,14 +426,15 @@ ApiResult<GenerationRequest> parse_chat_request(const json& body, const ParseLim
     if (!kw->is_object()) return type_error("chat_template_kwargs", "an object", *kw);
     r.chat_template_kwargs = *kw;
   }
-  OSP_API_TRY(reject_unless(body, "response_format",
-                            [](const json& v) { return string_field(v, "type") == "text"; },
-                            "only {\"type\": \"text\"} is supported."));
-  OSP_API_TRY(reject_unless(body, "modalities",
-                            [](const json& v) { return v.is_array() && v.size() == 1 && v[0] == "text"; },
-                            "only [\"text\"] is supported."));
+  OSP_API_TRY(reject_unless(
+      body, "response_format", [](const json& v) { return string_field(v, "type") == "text"; },
+      "only {\"type\": \"text\"} is supported."));
+  OSP_API_TRY(reject_unless(
+      body, "modalities", [](const json& v) { return v.is_array() && v.size() == 1 && v[0] == "text"; },
+      "only [\"text\"] is supported."));
   for (const char* k : {"audio", "prediction", "functions", "function_call", "web_search_options"})
-    OSP_API_TRY(reject_unless(body, k, [](const json&) { return false; }, "not supported by this server."));
+    OSP_API_TRY(reject_unless(
+        body, k, [](const json&) { return false; }, "not supported by this server."));
   return r;
 }
 
@@ -449,8 +461,9 @@ ApiResult<GenerationRequest> parse_completion_request(const json& body, const Pa
   OSP_API_TRY(read_int(body, "best_of", 1, limits.max_n, best_of));
   if (best_of != r.params.n)
     return bad_request("'best_of' different from 'n' is not supported.", "best_of", "unsupported_value");
-  OSP_API_TRY(reject_unless(body, "suffix", [](const json& v) { return v.is_string() && v.get<std::string>().empty(); },
-                            "suffixes (insertion) are not supported."));
+  OSP_API_TRY(reject_unless(
+      body, "suffix", [](const json& v) { return v.is_string() && v.get<std::string>().empty(); },
+      "suffixes (insertion) are not supported."));
 
   const json* prompt = field(body, "prompt");
   if (!prompt) return bad_request("Missing required parameter: 'prompt'.", "prompt", "missing_required_parameter");

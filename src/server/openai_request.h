@@ -38,20 +38,20 @@ struct GenerationRequest {
   bool echo = false;
   bool add_special_tokens = true;  // chat: false (the template places them)
   bool stream = false;
-  bool include_usage = false;          // stream_options.include_usage
-  bool continuous_usage_stats = false; // stream_options.continuous_usage_stats (usage on every chunk)
-  bool max_tokens_given = false;       // false: chat fills the context, completions use 16
-  bool logprobs = false;               // chat: logprobs; completions: logprobs != null
-  int top_logprobs = 0;                // top alternatives per token when logprobs
+  bool include_usage = false;           // stream_options.include_usage
+  bool continuous_usage_stats = false;  // stream_options.continuous_usage_stats (usage on every chunk)
+  bool max_tokens_given = false;        // false: chat fills the context, completions use 16
+  bool logprobs = false;                // chat: logprobs; completions: logprobs != null
+  int top_logprobs = 0;                 // top alternatives per token when logprobs
   std::string user;
-  SamplingParams params;               // max_tokens, n, sampling, stop, logprobs set
+  SamplingParams params;  // max_tokens, n, sampling, stop, logprobs set
 };
 
 struct ParseLimits {
-  int max_n = 128;         // largest n accepted
-  int max_logprobs = 20;   // largest top_logprobs / logprobs accepted
-  int vocab_size = 0;      // token ids and logit_bias keys must be < this (0: unchecked)
-  int max_stop = 16;       // stop strings at most
+  int max_n = 128;        // largest n accepted
+  int max_logprobs = 20;  // largest top_logprobs / logprobs accepted
+  int vocab_size = 0;     // token ids and logit_bias keys must be < this (0: unchecked)
+  int max_stop = 16;      // stop strings at most
 };
 
 ApiResult<GenerationRequest> parse_chat_request(const nlohmann::json& body, const ParseLimits& limits);

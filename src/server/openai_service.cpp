@@ -28,9 +28,14 @@ struct RouteInfo {
   const char* method;
 };
 constexpr RouteInfo kRoutes[] = {
-    {"/health", "GET"},         {"/ready", "GET"},         {"/metrics", "GET"},
-    {"/v1/models", "GET"},      {"/v1/chat/completions", "POST"}, {"/v1/completions", "POST"},
-    {"/tokenize", "POST"},      {"/detokenize", "POST"},
+    {"/health", "GET"},
+    {"/ready", "GET"},
+    {"/metrics", "GET"},
+    {"/v1/models", "GET"},
+    {"/v1/chat/completions", "POST"},
+    {"/v1/completions", "POST"},
+    {"/tokenize", "POST"},
+    {"/detokenize", "POST"},
 };
 
 }  // namespace
@@ -50,8 +55,12 @@ std::shared_ptr<GenerationBackend> OpenAIService::backend() const {
   return backend_;
 }
 
-void OpenAIService::set_ready(bool ready) { ready_ = ready; }
-bool OpenAIService::ready() const { return ready_ && !draining_; }
+void OpenAIService::set_ready(bool ready) {
+  ready_ = ready;
+}
+bool OpenAIService::ready() const {
+  return ready_ && !draining_;
+}
 
 void OpenAIService::set_not_ready_reason(std::string reason) {
   std::lock_guard lock(mu_);
@@ -63,7 +72,9 @@ void OpenAIService::set_connection_counter(std::function<int64_t()> f) {
   open_connections_ = std::move(f);
 }
 
-void OpenAIService::begin_drain() { draining_ = true; }
+void OpenAIService::begin_drain() {
+  draining_ = true;
+}
 
 int64_t OpenAIService::num_inflight() const {
   std::lock_guard lock(mu_);
@@ -126,8 +137,12 @@ void OpenAIService::handle(HttpRequest req, std::shared_ptr<ResponseWriter> w) {
     }
     const char* method = route ? route->method : "GET";
     if (req.method != method) {
-      ApiError e{405, "Method " + req.method + " is not allowed for " + path + "; use " + method + ".",
-                 "invalid_request_error", "", "method_not_allowed", 0};
+      ApiError e{405,
+                 "Method " + req.method + " is not allowed for " + path + "; use " + method + ".",
+                 "invalid_request_error",
+                 "",
+                 "method_not_allowed",
+                 0};
       metrics_->count_http(405);
       HttpResponse r;
       r.status = 405;
@@ -207,7 +222,7 @@ void OpenAIService::handle_metrics(const std::shared_ptr<ResponseWriter>& w) {
 void OpenAIService::handle_models(const HttpRequest& req, const std::shared_ptr<ResponseWriter>& w) {
   auto b = backend();
   auto model_json = [&](const std::string& name) {
-    json m = {{"id", name},          {"object", "model"}, {"created", created_},
+    json m = {{"id", name},           {"object", "model"},           {"created", created_},
               {"owned_by", "osprey"}, {"root", options_.model_root}, {"parent", nullptr}};
     if (b) m["max_model_len"] = b->model_info().max_model_len;
     return m;
@@ -226,8 +241,7 @@ void OpenAIService::handle_models(const HttpRequest& req, const std::shared_ptr<
   respond(w, 200, model_json(id));
 }
 
-void OpenAIService::handle_generation(const HttpRequest& req, const std::shared_ptr<ResponseWriter>& w,
-                                      ApiKind kind) {
+void OpenAIService::handle_generation(const HttpRequest& req, const std::shared_ptr<ResponseWriter>& w, ApiKind kind) {
   const auto arrival = GenerationJob::Clock::now();
   auto body = parse_json_object(req.body);
   if (!body.ok()) return respond_error(w, *body.error);
@@ -279,13 +293,13 @@ void OpenAIService::handle_generation(const HttpRequest& req, const std::shared_
       max_tokens = kind == ApiKind::kChat ? room : std::min(max_tokens, room);
     } else if (static_cast<int64_t>(len) + r.params.max_tokens > max_len) {
       return respond_error(
-          w, bad_request("This model's maximum context length is " + std::to_string(max_len) +
-                             " tokens. However, you requested " + std::to_string(len + int64_t{r.params.max_tokens}) +
-                             " tokens (" + std::to_string(len) + " in the " +
-                             (kind == ApiKind::kChat ? "messages, " : "prompt, ") +
-                             std::to_string(r.params.max_tokens) +
-                             " in the completion). Please reduce the length of the input or of the completion.",
-                         kind == ApiKind::kChat ? "messages" : "max_tokens", "context_length_exceeded"));
+          w,
+          bad_request("This model's maximum context length is " + std::to_string(max_len) +
+                          " tokens. However, you requested " + std::to_string(len + int64_t{r.params.max_tokens}) +
+                          " tokens (" + std::to_string(len) + " in the " +
+                          (kind == ApiKind::kChat ? "messages, " : "prompt, ") + std::to_string(r.params.max_tokens) +
+                          " in the completion). Please reduce the length of the input or of the completion.",
+                      kind == ApiKind::kChat ? "messages" : "max_tokens", "context_length_exceeded"));
     }
   }
   r.params.max_tokens = std::max(1, max_tokens);
@@ -351,7 +365,9 @@ void OpenAIService::handle_tokenize(const HttpRequest& req, const std::shared_pt
   } else {
     ids = b->encode(r.prompt, r.add_special_tokens);
   }
-  json out = {{"count", ids.size()}, {"max_model_len", b->model_info().max_model_len}, {"tokens", ids},
+  json out = {{"count", ids.size()},
+              {"max_model_len", b->model_info().max_model_len},
+              {"tokens", ids},
               {"token_strs", nullptr}};
   if (r.return_token_strs) {
     json strs = json::array();

@@ -21,9 +21,9 @@ namespace osprey::server {
 
 struct ServiceOptions {
   std::vector<std::string> model_names;  // accepted "model" values; the first is listed and echoed
-  std::string model_root;                 // the model path, shown in /v1/models
-  std::string api_key;                    // "" : no authentication
-  int max_queue = 0;                      // admitted requests without output at most; 0: unlimited
+  std::string model_root;                // the model path, shown in /v1/models
+  std::string api_key;                   // "" : no authentication
+  int max_queue = 0;                     // admitted requests without output at most; 0: unlimited
   int max_n = 128;
   int max_logprobs = 20;
   std::string fingerprint = "fp_osprey";

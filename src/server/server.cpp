@@ -128,13 +128,15 @@ int run_server(const ServerConfig& config, BackendFactory factory) {
   }
   int code = 0;
   if (load_failed) code = 1;
-  if (num_signals > 0) spdlog::info("shutting down: draining in-flight requests for up to {} s", config.shutdown_timeout_s);
+  if (num_signals > 0)
+    spdlog::info("shutting down: draining in-flight requests for up to {} s", config.shutdown_timeout_s);
   http.begin_drain();
   service->begin_drain();
   loader.join();
 
   using Clock = std::chrono::steady_clock;
-  const auto deadline = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(config.shutdown_timeout_s * 1000));
+  const auto deadline =
+      Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(config.shutdown_timeout_s * 1000));
   while (service->num_inflight() > 0 && Clock::now() < deadline && num_signals < 2)
     main_ioc.run_for(std::chrono::milliseconds(20));
   if (service->num_inflight() > 0) {

@@ -17,8 +17,8 @@
 namespace osprey::server {
 
 struct ServerConfig {
-  EngineConfig engine;                      // engine.model_path: resolved
-  std::string model_arg;                    // --model as given (accepted as a model name too)
+  EngineConfig engine;    // engine.model_path: resolved
+  std::string model_arg;  // --model as given (accepted as a model name too)
   std::vector<std::string> served_model_names;
   HttpServerOptions http;
   std::string api_key;

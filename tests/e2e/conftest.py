@@ -37,8 +37,17 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = Path(os.environ.get("E2E_LOG_DIR", "/tmp")) / f"osprey-serve-{self.port}.log"
         self.log = open(self.log_path, "wb")
-        args = [osprey_bin(), "serve", "--model", "default", "--host", "127.0.0.1", "--port", str(self.port),
-                "--max-model-len", "2048", "--kv-cache-mb", "64", "--request-timeout", "3", *extra_args]
+        options = {"--max-model-len": "2048", "--kv-cache-mb": "256", "--request-timeout": "3",
+                   "--shutdown-timeout": "10"}
+        extra = list(extra_args)
+        for i in range(0, len(extra) - 1):
+            if extra[i] in options:
+                options[extra[i]] = extra[i + 1]
+                extra[i] = extra[i + 1] = None
+        args = [osprey_bin(), "serve", "--model", "default", "--host", "127.0.0.1", "--port", str(self.port)]
+        for k, v in options.items():
+            args += [k, v]
+        args += [a for a in extra if a is not None]
         if os.environ.get("E2E_THREADS"):
             args += ["--threads", os.environ["E2E_THREADS"]]
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)

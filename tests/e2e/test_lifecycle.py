@@ -20,14 +20,15 @@ def wait_until(pred, timeout=30.0):
 
 
 def open_stream(port, body):
-    """Sends a streaming request on a raw socket and returns it after the first SSE data line."""
+    """Sends a streaming request on a raw socket; returns it once the first token arrived (the second event:
+    the first is the role chunk, sent before the engine schedules the request)."""
     s = socket.create_connection(("127.0.0.1", port))
     payload = json.dumps(body).encode()
     s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
               b"Content-Length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload)
     s.settimeout(60)
     data = b""
-    while b"data: " not in data:
+    while data.count(b"data: ") < 2:
         chunk = s.recv(4096)
         assert chunk, data
         data += chunk
@@ -45,15 +46,18 @@ def test_disconnect_mid_stream_frees_kv_pages(server):
     base = server.metrics()
     free_idle = base["osprey:num_free_kv_blocks"]
     socks = []
-    for i in range(8):
-        s, _ = open_stream(server.port, {"model": M, "messages": [{"role": "user", "content": f"Tell a story {i}"}],
-                                         "max_tokens": 1500, "stream": True, "ignore_eos": True})
-        socks.append(s)
-    busy = server.metrics()
-    assert busy["osprey:server_inflight_requests"] == 8
-    assert busy["osprey:num_free_kv_blocks"] < free_idle
-    for s in socks:
-        s.close()
+    try:
+        for i in range(8):
+            s, _ = open_stream(server.port, {"model": M, "messages": [{"role": "user", "content": f"Tell a story {i}"}],
+                                             "max_tokens": 1000, "stream": True, "ignore_eos": True})
+            socks.append(s)
+        assert server.metrics()["osprey:server_inflight_requests"] == 8
+        # Pages are taken once the engine schedules them.
+        assert wait_until(lambda: server.metrics()["osprey:num_free_kv_blocks"] < free_idle)
+        assert server.metrics()["osprey:kv_cache_usage_perc"] > 0
+    finally:
+        for s in socks:
+            s.close()
     assert wait_until(lambda: idle(server), 30), server.metrics()
     after = server.metrics()
     assert after["osprey:num_free_kv_blocks"] == free_idle

@@ -23,8 +23,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   limits.vocab_size = 49152;
   const nlohmann::json& j = *parsed.value;
   if (auto chat = parse_chat_request(j, limits); chat.ok()) {
-    (void)sse_event(chat_chunk({"chatcmpl-x", 0, chat.value->model, "fp"}, 0, {{"content", chat.value->user}},
-                               nullptr, FinishReason::kNone, chat.value->include_usage));
+    (void)sse_event(chat_chunk({"chatcmpl-x", 0, chat.value->model, "fp"}, 0, {{"content", chat.value->user}}, nullptr,
+                               osprey::FinishReason::kNone, chat.value->include_usage));
   } else {
     (void)dump_json(chat.error->to_json());
   }

@@ -14,7 +14,9 @@
 namespace osprey::cpu {
 namespace {
 
-bool is_page_dtype(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
+bool is_page_dtype(DType t) {
+  return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16;
+}
 
 // Returns row `row` (head_dim elements) of a page tensor as fp32, converting
 // into buf when the pages are not fp32.
@@ -75,8 +77,8 @@ void CpuBackend::kv_write(const Tensor& k, const Tensor& v, const ops::Attention
   }
 }
 
-void CpuBackend::paged_attention(const Tensor& q, const ops::LayerKv& kv, const ops::AttentionBatch& batch,
-                                 float scale, int sliding_window, Tensor& out) {
+void CpuBackend::paged_attention(const Tensor& q, const ops::LayerKv& kv, const ops::AttentionBatch& batch, float scale,
+                                 int sliding_window, Tensor& out) {
   check_pages(kv);
   OSP_CHECK(q.dtype() == DType::kF32 && out.dtype() == DType::kF32);
   OSP_CHECK_EQ(q.ndim(), 3);
@@ -101,8 +103,8 @@ void CpuBackend::paged_attention(const Tensor& q, const ops::LayerKv& kv, const 
       token_seq_[static_cast<size_t>(t)] = s;
       const int64_t p = batch.positions[t];
       OSP_CHECK_MSG(p >= 0 && p < batch.kv_lens[s] && p / bs < num_pages,
-                    "paged_attention: position " << p << " of sequence " << s << " outside its KV ("
-                                                  << batch.kv_lens[s] << " tokens, " << num_pages << " pages)");
+                    "paged_attention: position " << p << " of sequence " << s << " outside its KV (" << batch.kv_lens[s]
+                                                 << " tokens, " << num_pages << " pages)");
       max_len = std::max(max_len, sliding_window > 0 ? std::min<int64_t>(p + 1, sliding_window) : p + 1);
     }
   }

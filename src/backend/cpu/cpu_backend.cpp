@@ -41,12 +41,16 @@ float* CpuBackend::Scratch::get(size_t floats) {
   return data;
 }
 
-CpuBackend::Scratch::~Scratch() { std::free(data); }
+CpuBackend::Scratch::~Scratch() {
+  std::free(data);
+}
 
 CpuBackend::CpuBackend(const CpuBackendOptions& options)
     : kernels_(pick_kernels(options.isa)),
       pool_(options.num_threads, options.spin_us),
-      name_(kernels_ == &scalar_kernels() ? "cpu-scalar" : kernels_ == avx2_kernels() ? "cpu-avx2" : "cpu-avx512") {
+      name_(kernels_ == &scalar_kernels() ? "cpu-scalar"
+            : kernels_ == avx2_kernels()  ? "cpu-avx2"
+                                          : "cpu-avx512") {
   scratch_.reserve(static_cast<size_t>(pool_.num_threads()));
   for (int i = 0; i < pool_.num_threads(); ++i) scratch_.emplace_back(new Scratch[kScratchSlots]);
 }
@@ -72,7 +76,9 @@ void* CpuBackend::alloc(size_t bytes) {
   return p;
 }
 
-void CpuBackend::free(void* p) { std::free(p); }
+void CpuBackend::free(void* p) {
+  std::free(p);
+}
 
 void CpuBackend::copy_to_device(void* dst, const void* src, size_t bytes) {
   if (bytes) std::memcpy(dst, src, bytes);
@@ -94,7 +100,8 @@ void CpuBackend::embedding(const Tensor& table, const int32_t* ids, Tensor& out)
   WeightFormat f;
   OSP_CHECK_MSG(weight_format_of(table.dtype(), &f), "embedding: unsupported dtype " << dtype_name(table.dtype()));
   const int64_t row_bytes = table.row_bytes();
-  for (int64_t i = 0; i < n; ++i) OSP_CHECK_MSG(ids[i] >= 0 && ids[i] < vocab, "token id " << ids[i] << " out of range");
+  for (int64_t i = 0; i < n; ++i)
+    OSP_CHECK_MSG(ids[i] >= 0 && ids[i] < vocab, "token id " << ids[i] << " out of range");
   const DequantRowsFn dq = kernels_->dequant[static_cast<int>(f)];
   float* o = out.data_as<float>();
   for_range(n, d, [&](int64_t b, int64_t e) {

@@ -2,7 +2,7 @@
 // fp32 (KV pages may also be F16/BF16); weights of any matmul dtype stay
 // packed and are dequantised on the fly. Work is split over a ThreadPool whose
 // calling thread takes part. Also the reference other backends are tested
-// against.
+// against. One thread drives a backend at a time (scratch is per backend).
 #pragma once
 
 #include <algorithm>
@@ -21,9 +21,9 @@ namespace osprey::cpu {
 enum class Isa { kAuto, kScalar, kAvx2, kAvx512 };
 
 struct CpuBackendOptions {
-  int num_threads = 0;    // <= 0: all cores
+  int num_threads = 0;  // <= 0: all cores
   Isa isa = Isa::kAuto;
-  int spin_us = 200;      // idle workers poll this long before sleeping
+  int spin_us = 200;  // idle workers poll this long before sleeping
 };
 
 class CpuBackend final : public ops::Backend {
@@ -87,7 +87,7 @@ class CpuBackend final : public ops::Backend {
   // [thread][slot]: slot 0 matmul panels and attention scores, 1 rope tables
   // and converted KV rows.
   std::vector<std::unique_ptr<Scratch[]>> scratch_;
-  Scratch shared_scratch_;  // used by the dispatching thread before a dispatch (x block sums)
+  Scratch shared_scratch_;          // used by the dispatching thread before a dispatch (x block sums)
   std::vector<int32_t> token_seq_;  // token -> sequence map for attention
 };
 

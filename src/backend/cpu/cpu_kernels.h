@@ -23,16 +23,16 @@ bool weight_format_of(DType t, WeightFormat* f);
 // quantised formats. xsum[i * (k/32) + b] = sum of x row i over block b; it is
 // read only by Q4_1 (null otherwise). n is small (decode): each weight row is
 // dequantised once and dotted with all n rows.
-using GemvFn = void (*)(const void* w, int64_t w_row_bytes, int64_t k, const float* x, int64_t ldx,
-                        const float* xsum, int n, float* out, int64_t ldo, int64_t r0, int64_t r1);
+using GemvFn = void (*)(const void* w, int64_t w_row_bytes, int64_t k, const float* x, int64_t ldx, const float* xsum,
+                        int n, float* out, int64_t ldo, int64_t r0, int64_t r1);
 
 // Dequantises `rows` consecutive weight rows of k elements into dst[rows, k] (fp32, ld = k).
 using DequantRowsFn = void (*)(const void* w, int64_t w_row_bytes, int64_t k, int64_t rows, float* dst);
 
 // out[i * ldo + j] = dot(x[i * ldx : +k], p[j * k : +k]) for i < n, j < m.
 // x is fp32 activations, p a dequantised fp32 panel of m weight rows (m small).
-using PanelGemmFn = void (*)(const float* x, int64_t ldx, int n, const float* p, int m, int64_t k,
-                             float* out, int64_t ldo);
+using PanelGemmFn = void (*)(const float* x, int64_t ldx, int n, const float* p, int m, int64_t k, float* out,
+                             int64_t ldo);
 
 struct CpuKernels {
   const char* isa = "scalar";
@@ -42,13 +42,13 @@ struct CpuKernels {
 
   // Vector helpers (fp32).
   float (*dot)(const float* a, const float* b, int64_t n) = nullptr;
-  void (*axpy)(float a, const float* x, float* y, int64_t n) = nullptr;      // y += a * x
-  void (*scale)(float a, float* y, int64_t n) = nullptr;                     // y *= a
-  float (*sum_sq)(const float* x, int64_t n) = nullptr;                      // sum x^2
+  void (*axpy)(float a, const float* x, float* y, int64_t n) = nullptr;                         // y += a * x
+  void (*scale)(float a, float* y, int64_t n) = nullptr;                                        // y *= a
+  float (*sum_sq)(const float* x, int64_t n) = nullptr;                                         // sum x^2
   void (*scale_mul)(const float* x, float s, const float* w, float* out, int64_t n) = nullptr;  // out = x * s * w
-  void (*add)(float* x, const float* y, int64_t n) = nullptr;               // x += y
-  void (*block_sums)(const float* x, int64_t k, float* sums) = nullptr;     // sums[k/32]
-  void (*silu_mul)(const float* g, const float* u, float* out, int64_t n) = nullptr;  // out = silu(g) * u
+  void (*add)(float* x, const float* y, int64_t n) = nullptr;                                   // x += y
+  void (*block_sums)(const float* x, int64_t k, float* sums) = nullptr;                         // sums[k/32]
+  void (*silu_mul)(const float* g, const float* u, float* out, int64_t n) = nullptr;            // out = silu(g) * u
   float (*exp_sub_sum)(float* s, int64_t n, float max) = nullptr;  // s = exp(s - max); returns sum(s)
 };
 

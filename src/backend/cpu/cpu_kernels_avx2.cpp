@@ -31,7 +31,9 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(lo);
 }
 
-inline float half_to_float(uint16_t h) { return _cvtsh_ss(h); }
+inline float half_to_float(uint16_t h) {
+  return _cvtsh_ss(h);
+}
 
 // Widens 8 bytes at p to 8 int32 lanes (zero-extended).
 inline __m256i load_u8x8(const uint8_t* p) {
@@ -64,8 +66,7 @@ inline __m256 dot32(const __m256* w, const float* x) {
 // ---- quantised GEMV, N activation rows per weight row -----------------------
 
 template <int N>
-void gemv_q4_1_n(const uint8_t* row, int64_t nb, const float* x, int64_t ldx, const float* xsum,
-                 float* res) {
+void gemv_q4_1_n(const uint8_t* row, int64_t nb, const float* x, int64_t ldx, const float* xsum, float* res) {
   const auto* b = reinterpret_cast<const BlockQ4_1*>(row);
   __m256 acc[N];
   __m128 macc[N];
@@ -91,8 +92,7 @@ void gemv_q4_1_n(const uint8_t* row, int64_t nb, const float* x, int64_t ldx, co
 }
 
 template <int N>
-void gemv_q4_0_n(const uint8_t* row, int64_t nb, const float* x, int64_t ldx, const float* /*xsum*/,
-                 float* res) {
+void gemv_q4_0_n(const uint8_t* row, int64_t nb, const float* x, int64_t ldx, const float* /*xsum*/, float* res) {
   const auto* b = reinterpret_cast<const BlockQ4_0*>(row);
   const __m256 eight = _mm256_set1_ps(8.0f);
   __m256 acc[N];
@@ -108,8 +108,7 @@ void gemv_q4_0_n(const uint8_t* row, int64_t nb, const float* x, int64_t ldx, co
 }
 
 template <int N>
-void gemv_q8_0_n(const uint8_t* row, int64_t nb, const float* x, int64_t ldx, const float* /*xsum*/,
-                 float* res) {
+void gemv_q8_0_n(const uint8_t* row, int64_t nb, const float* x, int64_t ldx, const float* /*xsum*/, float* res) {
   const auto* b = reinterpret_cast<const BlockQ8_0*>(row);
   __m256 acc[N];
   for (int i = 0; i < N; ++i) acc[i] = _mm256_setzero_ps();
@@ -124,7 +123,9 @@ void gemv_q8_0_n(const uint8_t* row, int64_t nb, const float* x, int64_t ldx, co
 
 // ---- plain-float GEMV ---------------------------------------------------------
 
-inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const float* p) {
+  return _mm256_loadu_ps(p);
+}
 inline __m256 load8(const uint16_t* p, std::integral_constant<int, 0>) {  // fp16
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
@@ -183,8 +184,7 @@ void gemv_float_n(const void* row, int64_t k, const float* x, int64_t ldx, float
 }
 
 template <WeightFormat F, int N>
-inline void gemv_row_n(const uint8_t* row, int64_t k, const float* x, int64_t ldx, const float* xsum,
-                       float* res) {
+inline void gemv_row_n(const uint8_t* row, int64_t k, const float* x, int64_t ldx, const float* xsum, float* res) {
   if constexpr (F == WeightFormat::kQ4_1) {
     gemv_q4_1_n<N>(row, k / 32, x, ldx, xsum, res);
   } else if constexpr (F == WeightFormat::kQ4_0) {
@@ -197,8 +197,8 @@ inline void gemv_row_n(const uint8_t* row, int64_t k, const float* x, int64_t ld
 }
 
 template <WeightFormat F>
-void gemv_avx2(const void* w, int64_t w_row_bytes, int64_t k, const float* x, int64_t ldx, const float* xsum,
-               int n, float* out, int64_t ldo, int64_t r0, int64_t r1) {
+void gemv_avx2(const void* w, int64_t w_row_bytes, int64_t k, const float* x, int64_t ldx, const float* xsum, int n,
+               float* out, int64_t ldo, int64_t r0, int64_t r1) {
   const int64_t nb = k / 32;
   for (int64_t r = r0; r < r1; ++r) {
     const uint8_t* row = static_cast<const uint8_t*>(w) + r * w_row_bytes;
@@ -210,10 +210,17 @@ void gemv_avx2(const void* w, int64_t w_row_bytes, int64_t k, const float* x, in
     }
     const float* xs = xsum ? xsum + i * nb : nullptr;
     switch (n - i) {
-      case 3: gemv_row_n<F, 3>(row, k, x + i * ldx, ldx, xs, res); break;
-      case 2: gemv_row_n<F, 2>(row, k, x + i * ldx, ldx, xs, res); break;
-      case 1: gemv_row_n<F, 1>(row, k, x + i * ldx, ldx, xs, res); break;
-      default: break;
+      case 3:
+        gemv_row_n<F, 3>(row, k, x + i * ldx, ldx, xs, res);
+        break;
+      case 2:
+        gemv_row_n<F, 2>(row, k, x + i * ldx, ldx, xs, res);
+        break;
+      case 1:
+        gemv_row_n<F, 1>(row, k, x + i * ldx, ldx, xs, res);
+        break;
+      default:
+        break;
     }
     for (int t = 0; t < n - i; ++t) out[(i + t) * ldo + r] = res[t];
   }
@@ -287,28 +294,38 @@ inline void panel_tile(const float* x, int64_t ldx, const float* p, int64_t k, f
 }
 
 template <int RX>
-inline void panel_row_group(const float* x, int64_t ldx, const float* p, int m, int64_t k, float* out,
-                            int64_t ldo) {
+inline void panel_row_group(const float* x, int64_t ldx, const float* p, int m, int64_t k, float* out, int64_t ldo) {
   constexpr int kRP = 4;
   int j = 0;
   for (; j + kRP <= m; j += kRP) panel_tile<RX, kRP>(x, ldx, p + j * k, k, out + j, ldo);
   switch (m - j) {
-    case 3: panel_tile<RX, 3>(x, ldx, p + j * k, k, out + j, ldo); break;
-    case 2: panel_tile<RX, 2>(x, ldx, p + j * k, k, out + j, ldo); break;
-    case 1: panel_tile<RX, 1>(x, ldx, p + j * k, k, out + j, ldo); break;
-    default: break;
+    case 3:
+      panel_tile<RX, 3>(x, ldx, p + j * k, k, out + j, ldo);
+      break;
+    case 2:
+      panel_tile<RX, 2>(x, ldx, p + j * k, k, out + j, ldo);
+      break;
+    case 1:
+      panel_tile<RX, 1>(x, ldx, p + j * k, k, out + j, ldo);
+      break;
+    default:
+      break;
   }
 }
 
-void panel_gemm_avx2(const float* x, int64_t ldx, int n, const float* p, int m, int64_t k, float* out,
-                     int64_t ldo) {
+void panel_gemm_avx2(const float* x, int64_t ldx, int n, const float* p, int m, int64_t k, float* out, int64_t ldo) {
   constexpr int kRX = 3;
   int i = 0;
   for (; i + kRX <= n; i += kRX) panel_row_group<kRX>(x + i * ldx, ldx, p, m, k, out + i * ldo, ldo);
   switch (n - i) {
-    case 2: panel_row_group<2>(x + i * ldx, ldx, p, m, k, out + i * ldo, ldo); break;
-    case 1: panel_row_group<1>(x + i * ldx, ldx, p, m, k, out + i * ldo, ldo); break;
-    default: break;
+    case 2:
+      panel_row_group<2>(x + i * ldx, ldx, p, m, k, out + i * ldo, ldo);
+      break;
+    case 1:
+      panel_row_group<1>(x + i * ldx, ldx, p, m, k, out + i * ldo, ldo);
+      break;
+    default:
+      break;
   }
 }
 
@@ -330,7 +347,8 @@ float dot_avx2(const float* a, const float* b, int64_t n) {
 void axpy_avx2(float a, const float* x, float* y, int64_t n) {
   const __m256 av = _mm256_set1_ps(a);
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
   for (; i < n; ++i) y[i] += a * x[i];
 }
 
@@ -341,7 +359,9 @@ void scale_avx2(float a, float* y, int64_t n) {
   for (; i < n; ++i) y[i] *= a;
 }
 
-float sum_sq_avx2(const float* x, int64_t n) { return dot_avx2(x, x, n); }
+float sum_sq_avx2(const float* x, int64_t n) {
+  return dot_avx2(x, x, n);
+}
 
 void scale_mul_avx2(const float* x, float s, const float* w, float* out, int64_t n) {
   const __m256 sv = _mm256_set1_ps(s);

@@ -18,12 +18,15 @@
 #include <cstring>
 
 #define OSP_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
-#define OSP_AVX512_INLINE inline __attribute__((always_inline, target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
+#define OSP_AVX512_INLINE \
+  inline __attribute__((always_inline, target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
 
 namespace osprey::cpu {
 namespace {
 
-OSP_AVX512_INLINE float half_to_float(uint16_t h) { return _cvtsh_ss(h); }
+OSP_AVX512_INLINE float half_to_float(uint16_t h) {
+  return _cvtsh_ss(h);
+}
 
 // Q4 block (16 bytes of nibbles) -> elements 0-15 and 16-31 as fp32.
 OSP_AVX512_INLINE void q4_to_f32(const uint8_t* qs, __m512& lo, __m512& hi) {
@@ -86,7 +89,8 @@ OSP_AVX512_INLINE void q8_0_n(const uint8_t* row, int64_t nb, const float* x, in
   __m512 acc[N];
   for (int i = 0; i < N; ++i) acc[i] = _mm512_setzero_ps();
   for (int64_t j = 0; j < nb; ++j) {
-    const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b[j].qs))));
+    const __m512 lo =
+        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b[j].qs))));
     const __m512 hi =
         _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b[j].qs + 16))));
     const __m512 d = _mm512_set1_ps(half_to_float(b[j].d));
@@ -121,10 +125,17 @@ OSP_AVX512 void gemv_avx512(const void* w, int64_t w_row_bytes, int64_t k, const
     }
     const float* xs = xsum ? xsum + i * nb : nullptr;
     switch (n - i) {
-      case 3: row_n<F, 3>(row, nb, x + i * ldx, ldx, xs, res); break;
-      case 2: row_n<F, 2>(row, nb, x + i * ldx, ldx, xs, res); break;
-      case 1: row_n<F, 1>(row, nb, x + i * ldx, ldx, xs, res); break;
-      default: break;
+      case 3:
+        row_n<F, 3>(row, nb, x + i * ldx, ldx, xs, res);
+        break;
+      case 2:
+        row_n<F, 2>(row, nb, x + i * ldx, ldx, xs, res);
+        break;
+      case 1:
+        row_n<F, 1>(row, nb, x + i * ldx, ldx, xs, res);
+        break;
+      default:
+        break;
     }
     for (int t = 0; t < n - i; ++t) out[(i + t) * ldo + r] = res[t];
   }

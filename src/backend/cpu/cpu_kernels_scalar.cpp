@@ -7,17 +7,34 @@
 
 #include "backend/cpu/cpu_kernels.h"
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
 namespace osprey::cpu {
 
 bool weight_format_of(DType t, WeightFormat* f) {
   switch (t) {
-    case DType::kF32: *f = WeightFormat::kF32; return true;
-    case DType::kF16: *f = WeightFormat::kF16; return true;
-    case DType::kBF16: *f = WeightFormat::kBF16; return true;
-    case DType::kQ8_0: *f = WeightFormat::kQ8_0; return true;
-    case DType::kQ4_0: *f = WeightFormat::kQ4_0; return true;
-    case DType::kQ4_1: *f = WeightFormat::kQ4_1; return true;
-    default: return false;
+    case DType::kF32:
+      *f = WeightFormat::kF32;
+      return true;
+    case DType::kF16:
+      *f = WeightFormat::kF16;
+      return true;
+    case DType::kBF16:
+      *f = WeightFormat::kBF16;
+      return true;
+    case DType::kQ8_0:
+      *f = WeightFormat::kQ8_0;
+      return true;
+    case DType::kQ4_0:
+      *f = WeightFormat::kQ4_0;
+      return true;
+    case DType::kQ4_1:
+      *f = WeightFormat::kQ4_1;
+      return true;
+    default:
+      return false;
   }
 }
 
@@ -60,8 +77,8 @@ inline void dequant_span(const void* row, int64_t off, int len, float* dst) {
 }
 
 template <WeightFormat F>
-void gemv_scalar(const void* w, int64_t w_row_bytes, int64_t k, const float* x, int64_t ldx,
-                 const float* /*xsum*/, int n, float* out, int64_t ldo, int64_t r0, int64_t r1) {
+void gemv_scalar(const void* w, int64_t w_row_bytes, int64_t k, const float* x, int64_t ldx, const float* /*xsum*/,
+                 int n, float* out, int64_t ldo, int64_t r0, int64_t r1) {
   float buf[32];
   for (int64_t r = r0; r < r1; ++r) {
     const void* row = static_cast<const char*>(w) + r * w_row_bytes;
@@ -93,8 +110,7 @@ void dequant_rows_scalar(const void* w, int64_t w_row_bytes, int64_t k, int64_t 
   }
 }
 
-void panel_gemm_scalar(const float* x, int64_t ldx, int n, const float* p, int m, int64_t k, float* out,
-                       int64_t ldo) {
+void panel_gemm_scalar(const float* x, int64_t ldx, int n, const float* p, int m, int64_t k, float* out, int64_t ldo) {
   for (int i = 0; i < n; ++i) {
     const float* xi = x + i * ldx;
     for (int j = 0; j < m; ++j) {
@@ -188,10 +204,23 @@ const CpuKernels& scalar_kernels() {
   return k;
 }
 
+namespace {
+// F16C through CPUID leaf 1 (ECX bit 29): clang 14 does not know "f16c" in
+// __builtin_cpu_supports.
+bool cpu_has_f16c() {
+#if defined(__x86_64__)
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return false;
+  return (c & bit_F16C) != 0;
+#else
+  return false;
+#endif
+}
+}  // namespace
+
 const CpuKernels* avx2_kernels() {
 #if defined(__x86_64__)
-  static const bool supported =
-      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  static const bool supported = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
   return supported ? &avx2_kernels_unchecked() : nullptr;
 #else
   return nullptr;

@@ -132,7 +132,8 @@ std::vector<double> ref_attention(const PagedSetup& p, const std::vector<float>&
         for (int64_t i = 0; i < p.hd; ++i) {
           double acc = 0.0;
           for (int j = lo; j <= pos; ++j)
-            acc += sc[static_cast<size_t>(j - lo)] * p.vlog[static_cast<size_t>(s)][static_cast<size_t>((j * p.hk + kvh) * p.hd + i)];
+            acc += sc[static_cast<size_t>(j - lo)] *
+                   p.vlog[static_cast<size_t>(s)][static_cast<size_t>((j * p.hk + kvh) * p.hd + i)];
           out[static_cast<size_t>((t * hq + h) * p.hd + i)] = acc / sum;
         }
       }
@@ -212,8 +213,10 @@ TEST_P(AttentionTest, KvWriteScattersAndSkips) {
     for (int64_t i = 0; i < n; ++i) {
       if (slots[static_cast<size_t>(i)] < 0) continue;
       for (int64_t e = 0; e < row; ++e) {
-        kexp[static_cast<size_t>(slots[static_cast<size_t>(i)] * row + e)] = round_to(dt, k[static_cast<size_t>(i * row + e)]);
-        vexp[static_cast<size_t>(slots[static_cast<size_t>(i)] * row + e)] = round_to(dt, v[static_cast<size_t>(i * row + e)]);
+        kexp[static_cast<size_t>(slots[static_cast<size_t>(i)] * row + e)] =
+            round_to(dt, k[static_cast<size_t>(i * row + e)]);
+        vexp[static_cast<size_t>(slots[static_cast<size_t>(i)] * row + e)] =
+            round_to(dt, v[static_cast<size_t>(i * row + e)]);
       }
     }
     EXPECT_EQ(kback, kexp) << dtype_name(dt);

@@ -24,7 +24,8 @@ void check_matmul(cpu::CpuBackend& be, DType t, Shape s, bool with_bias, uint32_
   for (int64_t i = 0; i < s.n; ++i) {
     for (int64_t j = 0; j < s.m; ++j) {
       double acc = with_bias ? bs[static_cast<size_t>(j)] : 0.0;
-      for (int64_t c = 0; c < s.k; ++c) acc += static_cast<double>(xs[static_cast<size_t>(i * s.k + c)]) * wd[static_cast<size_t>(j * s.k + c)];
+      for (int64_t c = 0; c < s.k; ++c)
+        acc += static_cast<double>(xs[static_cast<size_t>(i * s.k + c)]) * wd[static_cast<size_t>(j * s.k + c)];
       ref[static_cast<size_t>(i * s.m + j)] = acc;
     }
   }
@@ -57,8 +58,8 @@ TEST_P(MatmulTest, PlainDtypesOddK) {
   auto be = make_backend(GetParam());
   uint32_t seed = 300;
   for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
-    for (Shape s : {Shape{1, 7, 1}, Shape{1, 9, 7}, Shape{2, 5, 45}, Shape{3, 13, 21}, Shape{37, 11, 45},
-                    Shape{9, 3, 17}}) {
+    for (Shape s :
+         {Shape{1, 7, 1}, Shape{1, 9, 7}, Shape{2, 5, 45}, Shape{3, 13, 21}, Shape{37, 11, 45}, Shape{9, 3, 17}}) {
       for (bool bias : {false, true}) check_matmul(*be, t, s, bias, seed++, 1e-5);
     }
   }
@@ -74,7 +75,8 @@ TEST_P(MatmulTest, ForcedPaths) {
     for (int panel : {1, 5, 16}) {
       be->set_panel_rows(panel);
       for (DType t : kAllWeightTypes) {
-        for (Shape s : {Shape{1, 23, 64}, Shape{6, 9, 96}, Shape{37, 21, 32}}) check_matmul(*be, t, s, true, seed++, 1e-5);
+        for (Shape s : {Shape{1, 23, 64}, Shape{6, 9, 96}, Shape{37, 21, 32}})
+          check_matmul(*be, t, s, true, seed++, 1e-5);
       }
     }
   }

@@ -148,10 +148,14 @@ struct BackendVariant {
 
 inline const char* isa_string(cpu::Isa isa) {
   switch (isa) {
-    case cpu::Isa::kScalar: return "scalar";
-    case cpu::Isa::kAvx2: return "avx2";
-    case cpu::Isa::kAvx512: return "avx512";
-    default: return "auto";
+    case cpu::Isa::kScalar:
+      return "scalar";
+    case cpu::Isa::kAvx2:
+      return "avx2";
+    case cpu::Isa::kAvx512:
+      return "avx512";
+    default:
+      return "auto";
   }
 }
 

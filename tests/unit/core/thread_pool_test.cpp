@@ -18,12 +18,15 @@ TEST(ThreadPool, CoversRangeExactlyOnce) {
     for (int64_t n : {0, 1, 2, 3, 7, 64, 1000, 12345}) {
       for (int64_t grain : {1, 5, 100000}) {
         std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
-        pool.parallel_for(n, [&](int64_t b, int64_t e) {
-          ASSERT_LE(0, b);
-          ASSERT_LT(b, e);
-          ASSERT_LE(e, n);
-          for (int64_t i = b; i < e; ++i) hits[static_cast<size_t>(i)].fetch_add(1);
-        }, grain);
+        pool.parallel_for(
+            n,
+            [&](int64_t b, int64_t e) {
+              ASSERT_LE(0, b);
+              ASSERT_LT(b, e);
+              ASSERT_LE(e, n);
+              for (int64_t i = b; i < e; ++i) hits[static_cast<size_t>(i)].fetch_add(1);
+            },
+            grain);
         for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[static_cast<size_t>(i)].load(), 1) << "n=" << n << " i=" << i;
       }
     }

@@ -29,13 +29,16 @@ struct Reply {
 
 class Client {
  public:
-  explicit Client(int port) : socket_(ioc_) { socket_.connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), port)); }
+  explicit Client(int port) : socket_(ioc_) {
+    socket_.connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), port));
+  }
   void send_raw(const std::string& bytes) { asio::write(socket_, asio::buffer(bytes)); }
   void send(const std::string& method, const std::string& path, const std::string& body = "",
             std::vector<std::pair<std::string, std::string>> headers = {}) {
     std::string r = method + " " + path + " HTTP/1.1\r\nHost: x\r\n";
     for (auto& [k, v] : headers) r += k + ": " + v + "\r\n";
-    if (!body.empty() || method == "POST") r += "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) + "\r\n";
+    if (!body.empty() || method == "POST")
+      r += "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) + "\r\n";
     r += "\r\n" + body;
     send_raw(r);
   }
@@ -111,7 +114,8 @@ class ServerTest : public ::testing::Test {
     service_->set_backend(backend_);
     service_->set_ready(true);
     ho.port = 0;
-    ho.request_timeout = std::chrono::milliseconds(ho.request_timeout.count() == 30000 ? 500 : ho.request_timeout.count());
+    ho.request_timeout =
+        std::chrono::milliseconds(ho.request_timeout.count() == 30000 ? 500 : ho.request_timeout.count());
     server_ = std::make_unique<HttpServer>(ho, [svc = service_](HttpRequest r, std::shared_ptr<ResponseWriter> w) {
       svc->handle(std::move(r), std::move(w));
     });
@@ -290,8 +294,9 @@ TEST_F(ServerTest, ErrorStatuses) {
   expect_error(c.request("POST", "/v1/chat/completions", "{\"model\": \"test-model\", \"messages\": ["), 400,
                "truncated");
   expect_error(c.request("POST", "/v1/chat/completions", ""), 400, "empty body");
-  expect_error(c.request("POST", "/v1/chat/completions", "{\"model\":\"test-model\",\"messages\":[{\"role\":\"user\","
-                                                         "\"content\":\"\\ud800\"}]}"),
+  expect_error(c.request("POST", "/v1/chat/completions",
+                         "{\"model\":\"test-model\",\"messages\":[{\"role\":\"user\","
+                         "\"content\":\"\\ud800\"}]}"),
                400, "lone surrogate");
   expect_error(c.request("POST", "/v1/chat/completions",
                          "{\"model\":\"test-model\",\"messages\":[{\"role\":\"user\",\"content\":\"\xff\"}]}"),
@@ -475,8 +480,7 @@ TEST_F(ServerTest, ManyConcurrentStreams) {
   for (int i = 0; i < kClients; ++i) {
     threads.emplace_back([&, i] {
       Client c(port_);
-      Reply r = c.request("POST", "/v1/chat/completions",
-                          chat_body({{"stream", i % 2 == 0}, {"max_tokens", 5}}));
+      Reply r = c.request("POST", "/v1/chat/completions", chat_body({{"stream", i % 2 == 0}, {"max_tokens", 5}}));
       if (r.status != 200) return;
       if (i % 2 == 0) {
         std::string text;

@@ -11,7 +11,9 @@ namespace {
 
 using json = nlohmann::json;
 
-ResponseMeta meta() { return {"chatcmpl-x", 1700000000, "m", "fp_test"}; }
+ResponseMeta meta() {
+  return {"chatcmpl-x", 1700000000, "m", "fp_test"};
+}
 
 TEST(Format, ChatResponseShape) {
   Usage u;

@@ -41,25 +41,25 @@ ApiError completion_error(json body) {
 
 TEST(ChatRequest, DefaultsAndFields) {
   auto r = parse_chat_request(chat({{"temperature", 0.5},
-                                     {"top_p", 0.9},
-                                     {"n", 2},
-                                     {"max_tokens", 7},
-                                     {"stop", "END"},
-                                     {"seed", -3},
-                                     {"presence_penalty", 0.5},
-                                     {"frequency_penalty", -0.5},
-                                     {"logit_bias", {{"42", 5}}},
-                                     {"logprobs", true},
-                                     {"top_logprobs", 3},
-                                     {"user", "u"},
-                                     {"top_k", 40},
-                                     {"min_p", 0.1},
-                                     {"repetition_penalty", 1.1},
-                                     {"min_tokens", 2},
-                                     {"ignore_eos", true},
-                                     {"skip_special_tokens", false},
-                                     {"stream", true},
-                                     {"stream_options", {{"include_usage", true}}}}),
+                                    {"top_p", 0.9},
+                                    {"n", 2},
+                                    {"max_tokens", 7},
+                                    {"stop", "END"},
+                                    {"seed", -3},
+                                    {"presence_penalty", 0.5},
+                                    {"frequency_penalty", -0.5},
+                                    {"logit_bias", {{"42", 5}}},
+                                    {"logprobs", true},
+                                    {"top_logprobs", 3},
+                                    {"user", "u"},
+                                    {"top_k", 40},
+                                    {"min_p", 0.1},
+                                    {"repetition_penalty", 1.1},
+                                    {"min_tokens", 2},
+                                    {"ignore_eos", true},
+                                    {"skip_special_tokens", false},
+                                    {"stream", true},
+                                    {"stream_options", {{"include_usage", true}}}}),
                               limits());
   ASSERT_TRUE(r.ok()) << r.error->message;
   const GenerationRequest& g = *r.value;
@@ -107,8 +107,8 @@ TEST(ChatRequest, NullMeansAbsent) {
 
 TEST(ChatRequest, ContentPartsAreJoined) {
   json body = chat();
-  body["messages"] = {{{"role", "user"},
-                       {"content", {{{"type", "text"}, {"text", "a"}}, {{"type", "text"}, {"text", "b"}}}}}};
+  body["messages"] = {
+      {{"role", "user"}, {"content", {{{"type", "text"}, {"text", "a"}}, {{"type", "text"}, {"text", "b"}}}}}};
   auto r = parse_chat_request(body, limits());
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r.value->messages[0]["content"], "a\nb");
@@ -259,10 +259,10 @@ TEST(JsonBody, RejectsMalformedInput) {
   EXPECT_FALSE(parse_json_object("[1,2]").ok());
   EXPECT_FALSE(parse_json_object("null").ok());
   EXPECT_FALSE(parse_json_object("{\"a\": 1} trailing").ok());
-  EXPECT_FALSE(parse_json_object("{\"a\": \"\\ud800\"}").ok());        // lone high surrogate
-  EXPECT_FALSE(parse_json_object("{\"a\": \"\\udc00x\"}").ok());       // lone low surrogate
-  EXPECT_FALSE(parse_json_object("{\"a\": \"\xff\xfe\"}").ok());       // invalid UTF-8
-  EXPECT_FALSE(parse_json_object("{\"a\": \"\xc0\xaf\"}").ok());       // overlong
+  EXPECT_FALSE(parse_json_object("{\"a\": \"\\ud800\"}").ok());   // lone high surrogate
+  EXPECT_FALSE(parse_json_object("{\"a\": \"\\udc00x\"}").ok());  // lone low surrogate
+  EXPECT_FALSE(parse_json_object("{\"a\": \"\xff\xfe\"}").ok());  // invalid UTF-8
+  EXPECT_FALSE(parse_json_object("{\"a\": \"\xc0\xaf\"}").ok());  // overlong
   EXPECT_FALSE(parse_json_object(std::string(100, '[') + std::string(100, ']')).ok());
   auto ok = parse_json_object("{\"a\": \"\\ud83d\\ude00 caf\xc3\xa9\"}");
   ASSERT_TRUE(ok.ok());
@@ -273,8 +273,8 @@ TEST(JsonBody, RejectsMalformedInput) {
 
 TEST(JsonUtil, Utf8AndIds) {
   EXPECT_TRUE(is_valid_utf8("abc \xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"));
-  EXPECT_FALSE(is_valid_utf8("\xed\xa0\x80"));  // encoded surrogate
-  EXPECT_FALSE(is_valid_utf8("\xe2\x82"));      // truncated
+  EXPECT_FALSE(is_valid_utf8("\xed\xa0\x80"));      // encoded surrogate
+  EXPECT_FALSE(is_valid_utf8("\xe2\x82"));          // truncated
   EXPECT_FALSE(is_valid_utf8("\xf4\x90\x80\x80"));  // > U+10FFFF
   EXPECT_EQ(dump_json(nlohmann::json("\xff")), "\"\xef\xbf\xbd\"");
   const std::string a = random_id("chatcmpl-"), b = random_id("chatcmpl-");
