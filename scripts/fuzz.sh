@@ -7,7 +7,7 @@ SECONDS_EACH="${1:-20}"
 cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
   -DOSPREY_FUZZ=ON -DOSPREY_TESTS=ON -DOSPREY_CUDA=OFF >/dev/null
-targets=$(sed -n 's/^osprey_fuzz_target(\([a-z_0-9]*\).*/\1/p' tests/fuzz/CMakeLists.txt)
+targets=$(sed -n "s/^osprey_fuzzer(\(fuzz_[a-z_0-9]*\).*/\1/p" tests/fuzz/CMakeLists.txt)
 cmake --build build-fuzz -j"$(nproc)" --target $targets
 for t in $targets; do
   corpus="tests/fuzz/corpus/${t#fuzz_}"

@@ -24,6 +24,17 @@ else
 fi
 [ "$ctest_rc" -eq 0 ] || [ "$failed" -gt 0 ] || failed=$((failed + 1))
 
+# End-to-end: the server driven by the real openai client (tests/e2e, pytest).
+e2e_log="$(mktemp)"
+tests/e2e/run.sh 2>&1 | tee "$e2e_log"
+e2e_rc=${PIPESTATUS[0]}
+e2e_passed=$(grep -Eo '[0-9]+ passed' "$e2e_log" | tail -1 | grep -Eo '[0-9]+')
+e2e_failed=$(grep -Eo '[0-9]+ (failed|error)' "$e2e_log" | awk '{s+=$1} END {print s+0}')
+passed=$((passed + ${e2e_passed:-0}))
+failed=$((failed + ${e2e_failed:-0}))
+if [ "$e2e_rc" -ne 0 ] && [ "${e2e_failed:-0}" -eq 0 ]; then failed=$((failed + 1)); fi
+rm -f "$e2e_log"
+
 # Fuzz smoke runs: each parser target for a few seconds (OSPREY_FUZZ_SECONDS).
 if ./scripts/fuzz.sh "${OSPREY_FUZZ_SECONDS:-20}"; then
   passed=$((passed + 1))

@@ -24,6 +24,7 @@ struct GenerateOptions {
   int top_k = 0;
   int64_t seed = -1;
   int threads = 0;
+  std::string device = "cpu";
   bool ignore_eos = false;
   bool quiet_timings = false;
 };
@@ -37,6 +38,7 @@ int run_generate(const GenerateOptions& o) {
   EngineConfig config;
   config.model_path = *path;
   config.num_threads = o.threads;
+  config.device = o.device;
   auto engine = Engine::create(config);
   if (!engine.ok()) {
     std::fprintf(stderr, "osprey: %s\n", engine.status().to_string().c_str());
@@ -51,15 +53,11 @@ int run_generate(const GenerateOptions& o) {
   req.params.ignore_eos = o.ignore_eos;
   if (o.seed >= 0) req.params.seed = static_cast<uint64_t>(o.seed);
   if (o.chat) {
-    auto text = TextProcessor::open(*path);
-    if (!text.ok()) {
-      std::fprintf(stderr, "osprey: %s\n", text.status().to_string().c_str());
-      return 1;
-    }
+    std::shared_ptr<const TextProcessor> text = (*engine)->text();
     nlohmann::ordered_json messages = nlohmann::ordered_json::array();
     if (!o.system.empty()) messages.push_back({{"role", "system"}, {"content", o.system}});
     messages.push_back({{"role", "user"}, {"content", o.prompt}});
-    auto rendered = (*text)->apply_chat_template(messages, nullptr, true, nlohmann::ordered_json::object());
+    auto rendered = text->apply_chat_template(messages, nullptr, true, nlohmann::ordered_json::object());
     if (!rendered.ok()) {
       std::fprintf(stderr, "osprey: %s\n", rendered.status().to_string().c_str());
       return 1;
@@ -129,6 +127,7 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--top-k", o->top_k, "Sample among the k most likely tokens (0 = off)");
   cmd->add_option("--seed", o->seed, "Random seed (default: random)");
   cmd->add_option("--threads", o->threads, "Compute threads (default: all cores)");
+  cmd->add_option("--device", o->device, "cpu, or cuda / cuda:N (builds with the CUDA backend)");
   cmd->add_flag("--ignore-eos", o->ignore_eos, "Keep generating past the end-of-sequence token");
   cmd->add_flag("--no-timings", o->quiet_timings, "Do not print the timings line");
   cmd->callback([o] { exit_code() = run_generate(*o); });

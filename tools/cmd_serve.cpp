@@ -27,6 +27,7 @@ struct ServeOptions {
   double keep_alive_timeout = 60.0;
   // Engine.
   int threads = 0;
+  std::string device = "cpu";
   int max_num_seqs = 256;
   int max_num_batched_tokens = 2048;
   int kv_cache_mb = 1024;
@@ -47,6 +48,7 @@ int run_serve(const ServeOptions& o) {
   c.served_model_names = o.served_model_names;
   c.engine.model_path = *path;
   c.engine.num_threads = o.threads;
+  c.engine.device = o.device;
   c.engine.max_num_seqs = o.max_num_seqs;
   c.engine.max_num_batched_tokens = o.max_num_batched_tokens;
   c.engine.kv_cache_bytes = int64_t{o.kv_cache_mb} << 20;
@@ -100,6 +102,7 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--keep-alive-timeout", o->keep_alive_timeout, "Seconds an idle keep-alive connection is kept")
       ->check(CLI::Range(0.1, 3600.0));
   cmd->add_option("--threads", o->threads, "Compute threads (default: all cores)");
+  cmd->add_option("--device", o->device, "cpu, or cuda / cuda:N (builds with the CUDA backend)");
   cmd->add_option("--max-num-seqs", o->max_num_seqs, "Running sequences at most")->check(CLI::Range(1, 1 << 16));
   cmd->add_option("--max-num-batched-tokens", o->max_num_batched_tokens, "Token budget of one engine step")
       ->check(CLI::Range(1, 1 << 24));

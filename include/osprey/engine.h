@@ -24,8 +24,11 @@
 
 namespace osprey {
 
+class TextProcessor;
+
 struct EngineConfig {
-  std::string model_path;        // HF folder or .gguf file
+  std::string model_path;        // HF folder, .gguf file, or "default"
+  std::string device = "cpu";    // "cpu", or "cuda" / "cuda:N" in builds with the CUDA backend
   std::string load_format = "auto";
   int num_threads = 0;           // backend compute threads; <= 0: all cores
   int block_size = 16;           // tokens per KV page
@@ -194,6 +197,8 @@ class Engine {
   // Tokenizer helpers, so that callers need only this header.
   Expected<std::vector<int32_t>> encode(const std::string& text, bool add_special_tokens = true) const;
   std::string decode(const std::vector<int32_t>& ids, bool skip_special_tokens = true) const;
+  // The model's tokenizer and chat template (include osprey/text.h to use it).
+  std::shared_ptr<const TextProcessor> text() const;
 
   // Stops the loop; requests still in flight finish with "abort". Idempotent.
   void shutdown();

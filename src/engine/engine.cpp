@@ -324,4 +324,6 @@ std::string Engine::decode(const std::vector<int32_t>& ids, bool skip_special_to
   return impl_->parts.codec->decode(ids, skip_special_tokens);
 }
 
+std::shared_ptr<const TextProcessor> Engine::text() const { return impl_->parts.text; }
+
 }  // namespace osprey

@@ -10,6 +10,7 @@
 #include "engine/executor.h"
 #include "engine/text_codec.h"
 #include "osprey/engine.h"
+#include "osprey/text.h"
 
 namespace osprey {
 
@@ -20,6 +21,7 @@ struct EngineParts {
   int model_max_len = 0;               // the model's context length (0: unknown)
   size_t kv_bytes_per_token = 0;       // for sizing the pool from kv_cache_bytes
   std::string model_path;
+  std::shared_ptr<const TextProcessor> text;  // tokenizer + chat template; null for fakes
 };
 
 Expected<std::unique_ptr<Engine>> make_engine(const EngineConfig& config, EngineParts parts);

@@ -65,10 +65,6 @@ Expected<const float*> ModelExecutor::execute(const StepBatch& b) {
   if (!b.copies.empty()) copy_blocks(b.copies);
   if (b.num_tokens == 0) return internal_error("empty step");
   const std::vector<int32_t>* rows = &b.logit_rows;
-  if (rows->empty()) {
-    rows_scratch_.assign(1, b.num_tokens - 1);
-    rows = &rows_scratch_;
-  }
   if (static_cast<int>(rows->size()) > max_logit_rows_)
     return internal_error("step wants " + std::to_string(rows->size()) + " logit rows, reserved " +
                           std::to_string(max_logit_rows_));

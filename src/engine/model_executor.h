@@ -35,7 +35,6 @@ class ModelExecutor final : public Executor {
   KvCache kv_;
   bool on_host_ = true;
   int max_logit_rows_ = 0;
-  std::vector<int32_t> rows_scratch_;
   std::vector<float> host_logits_;      // staging for device logits
   std::vector<uint8_t> page_staging_;   // staging for device page copies
   struct DeviceArray {

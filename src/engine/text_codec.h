@@ -33,6 +33,6 @@ class TextCodec {
   virtual std::optional<int32_t> eos_id() const = 0;
 };
 
-std::unique_ptr<TextCodec> make_tokenizer_codec(std::unique_ptr<Tokenizer> tokenizer);
+std::unique_ptr<TextCodec> make_tokenizer_codec(std::shared_ptr<const Tokenizer> tokenizer);
 
 }  // namespace osprey

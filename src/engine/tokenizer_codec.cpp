@@ -18,7 +18,7 @@ class TokenizerStreamDecoder final : public StreamDecoder {
 
 class TokenizerCodec final : public TextCodec {
  public:
-  explicit TokenizerCodec(std::unique_ptr<Tokenizer> tok) : tok_(std::move(tok)) {}
+  explicit TokenizerCodec(std::shared_ptr<const Tokenizer> tok) : tok_(std::move(tok)) {}
   std::vector<int32_t> encode(std::string_view text, bool add_special) const override {
     return tok_->encode(text, add_special);
   }
@@ -34,12 +34,12 @@ class TokenizerCodec final : public TextCodec {
   std::optional<int32_t> eos_id() const override { return tok_->eos_id(); }
 
  private:
-  std::unique_ptr<Tokenizer> tok_;
+  std::shared_ptr<const Tokenizer> tok_;
 };
 
 }  // namespace
 
-std::unique_ptr<TextCodec> make_tokenizer_codec(std::unique_ptr<Tokenizer> tokenizer) {
+std::unique_ptr<TextCodec> make_tokenizer_codec(std::shared_ptr<const Tokenizer> tokenizer) {
   return std::make_unique<TokenizerCodec>(std::move(tokenizer));
 }
 

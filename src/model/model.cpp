@@ -325,7 +325,7 @@ Tensor Model::forward(const ForwardBatch& batch, KvCache& kv) {
   const int64_t n = batch.attn.num_tokens;
   OSP_CHECK_MSG(ws.max_tokens > 0, "Model::reserve must be called before forward");
   OSP_CHECK(n > 0 && n <= ws.max_tokens);
-  OSP_CHECK(batch.num_logit_rows > 0 && batch.num_logit_rows <= ws.max_logit_rows);
+  OSP_CHECK(batch.num_logit_rows >= 0 && batch.num_logit_rows <= ws.max_logit_rows);
   OSP_CHECK_EQ(kv.layers.size(), m.layers.size());
 
   const int64_t hd = c.head_dim, hq = c.num_heads, hk = c.num_kv_heads;
@@ -369,6 +369,7 @@ Tensor Model::forward(const ForwardBatch& batch, KvCache& kv) {
   }
   const int64_t r = batch.num_logit_rows;
   OSP_CHECK_LE(r, n);
+  if (r == 0) return ws.logits.slice(0, 0);  // a step of middle prefill chunks only
   Tensor sel = ws.sel.slice(0, r);
   Tensor sel_normed = ws.normed.slice(0, r);  // normed is free once the layers are done
   be.add(resid, proj);

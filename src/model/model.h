@@ -54,7 +54,7 @@ class Model {
   void reserve(int max_tokens, int max_logit_rows);
 
   // Runs one step. logits: [batch.num_logit_rows, vocab_size] F32 on the
-  // backend's device, valid until the next forward.
+  // backend's device, valid until the next forward (0 rows: KV writes only).
   Tensor forward(const ForwardBatch& batch, KvCache& kv);
 
  private:

@@ -8,8 +8,7 @@ namespace {
 
 class EngineBackend final : public GenerationBackend {
  public:
-  EngineBackend(std::unique_ptr<Engine> engine, std::unique_ptr<TextProcessor> text)
-      : engine_(std::move(engine)), text_(std::move(text)) {}
+  explicit EngineBackend(std::unique_ptr<Engine> engine) : engine_(std::move(engine)), text_(engine_->text()) {}
 
   Expected<std::shared_ptr<RequestStream>> submit(Request request, OutputCallback callback) override {
     return engine_->submit(std::move(request), std::move(callback));
@@ -33,15 +32,15 @@ class EngineBackend final : public GenerationBackend {
 
  private:
   std::unique_ptr<Engine> engine_;
-  std::unique_ptr<TextProcessor> text_;
+  std::shared_ptr<const TextProcessor> text_;  // the engine's own tokenizer and template
 };
 
 }  // namespace
 
 Expected<std::unique_ptr<GenerationBackend>> make_engine_backend(const EngineConfig& config) {
-  OSP_ASSIGN_OR_RETURN(std::unique_ptr<TextProcessor> text, TextProcessor::open(config.model_path));
   OSP_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::create(config));
-  return std::unique_ptr<GenerationBackend>(new EngineBackend(std::move(engine), std::move(text)));
+  if (!engine->text()) return internal_error("the engine has no tokenizer");
+  return std::unique_ptr<GenerationBackend>(new EngineBackend(std::move(engine)));
 }
 
 }  // namespace osprey::server

@@ -51,7 +51,9 @@ Collected drain(RequestStream& s, int index = 0) {
       }
     }
     c.usage = out->usage;
-    if (out->finished) EXPECT_FALSE(s.next().has_value());
+    if (out->finished) {
+      EXPECT_FALSE(s.next().has_value());
+    }
   }
   EXPECT_TRUE(s.done());
   return c;

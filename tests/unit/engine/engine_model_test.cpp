@@ -106,7 +106,7 @@ class EngineModelTest : public ::testing::Test {
     alone_ = nullptr;
   }
   void SetUp() override {
-    if (!std::filesystem::exists(model_path())) GTEST_SKIP() << "model not found: " << model_path();
+    ASSERT_TRUE(std::filesystem::exists(model_path())) << "model not found: " << model_path() << " (run scripts/fetch_model.sh)";
     ASSERT_NE(alone_, nullptr);
   }
   void expect_batch_matches(const EngineConfig& c, int num_requests, bool expect_preemption = false) {
@@ -121,7 +121,9 @@ class EngineModelTest : public ::testing::Test {
       EXPECT_EQ(got[i], (*alone_)[i]) << "request " << i;
     }
     auto st = (*e)->stats();
-    if (expect_preemption) EXPECT_GT(st.num_preemptions, 0);
+    if (expect_preemption) {
+      EXPECT_GT(st.num_preemptions, 0);
+    }
     EXPECT_EQ(st.num_free_kv_blocks, st.num_kv_blocks);
   }
   static std::vector<std::vector<int32_t>>* alone_;

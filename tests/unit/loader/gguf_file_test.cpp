@@ -398,7 +398,7 @@ TEST(GgufFile, OpenEmptyFile) {
 
 TEST(GgufFile, DefaultModel) {
   const std::string path = default_model_path();
-  if (!std::filesystem::exists(path)) GTEST_SKIP() << "default model not installed at " << path;
+  ASSERT_TRUE(std::filesystem::exists(path)) << "default model not installed at " << path << " (run scripts/fetch_model.sh)";
   auto r = GgufFile::open(path);
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   const GgufFile& f = **r;

@@ -375,7 +375,7 @@ TEST(ModelConfigGguf, Llama3RopeFactors) {
 TEST(ModelConfigGguf, DefaultModelMatchesTransformers) {
   const char* home = std::getenv("HOME");
   const std::string path = std::string(home != nullptr ? home : "") + "/.cache/osprey/models/SmolLM2-135M-Instruct.Q4_1.gguf";
-  if (!std::filesystem::exists(path)) GTEST_SKIP() << "default model not installed at " << path;
+  ASSERT_TRUE(std::filesystem::exists(path)) << "default model not installed at " << path << " (run scripts/fetch_model.sh)";
   std::ifstream in(std::string(OSPREY_SOURCE_DIR) + "/tests/data/loader/smollm2_reference.json");
   ASSERT_TRUE(in.good());
   const nlohmann::json ref = nlohmann::json::parse(in)["config"];

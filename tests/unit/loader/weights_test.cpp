@@ -298,7 +298,7 @@ TEST(LoadWeights, MissingPieces) {
 // from tests/unit/loader/make_reference.py.
 TEST(LoadWeights, DefaultModelMatchesTransformers) {
   const std::string path = default_model_path();
-  if (!fs::exists(path)) GTEST_SKIP() << "default model not installed at " << path;
+  ASSERT_TRUE(fs::exists(path)) << "default model not installed at " << path << " (run scripts/fetch_model.sh)";
   std::ifstream in(std::string(OSPREY_SOURCE_DIR) + "/tests/data/loader/smollm2_reference.json");
   ASSERT_TRUE(in.good());
   const nlohmann::json ref = nlohmann::json::parse(in);

@@ -117,7 +117,9 @@ TEST_F(DefaultModelParity, LastPromptLogitsAndGreedyTokens) {
     EXPECT_GE(agree, 48u) << name;
     // Every disagreement, even after the first, must be a near-tie in the reference.
     for (size_t s = 0; s < greedy.size(); ++s) {
-      if (ours[s] != greedy[s]) EXPECT_LT(margins[s], 0.05) << name << " step " << s;
+      if (ours[s] != greedy[s]) {
+        EXPECT_LT(margins[s], 0.05) << name << " step " << s;
+      }
     }
   }
 }

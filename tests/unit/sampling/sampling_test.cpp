@@ -217,7 +217,9 @@ TEST(StopStrings, EveryTokenSplitGivesTheSameResult) {
         auto r = m.append(piece);
         out += r.emit;
         matched = r.matched;
-        if (!matched) EXPECT_EQ(out.find('<'), std::string::npos) << "partial stop leaked";
+        if (!matched) {
+          EXPECT_EQ(out.find('<'), std::string::npos) << "partial stop leaked";
+        }
       }
       EXPECT_TRUE(matched);
       EXPECT_EQ(out, "one two ");
