@@ -40,7 +40,22 @@ struct EngineConfig {
   int max_model_len = 0;              // context length; 0: the model's own
   bool enable_prefix_caching = true;
   bool enable_chunked_prefill = true;
-  int64_t swap_space_bytes = 0;       // host swap for preemption (not implemented yet: recompute)
+  // Host memory for swapping preempted sequences' KV pages (0: off). When on,
+  // a preempted sequence's computed pages are copied to host slots and copied
+  // back into fresh pages when it resumes; when the swap space is full it is
+  // recomputed instead (the same output either way).
+  int64_t swap_space_bytes = 0;
+  // Priority aging, so that no request waits forever: requests are ordered by
+  //   effective priority = priority - (engine steps since arrival) / priority_aging_steps
+  // (smaller runs first, then arrival order). The age term grows at the same
+  // rate for every request, so this equals ordering by the fixed key
+  //   priority * priority_aging_steps + (engine step at arrival):
+  // requests arriving in the same step are ordered by priority alone, and a
+  // request of priority p arriving at step t runs before any request of
+  // priority q < p arriving after step t + (p - q) * priority_aging_steps.
+  // The same order picks preemption victims (the last one). <= 0: no aging
+  // (strict priorities, which can starve low priorities under load).
+  int priority_aging_steps = 256;
   uint64_t seed = 0;                  // base of the per-request seeds of unseeded requests
   int num_detokenizer_threads = 1;    // worker threads for detokenizing and stop strings
   // Logit rows of prompt tokens (prompt_logprobs) computed per step at most.
@@ -80,7 +95,8 @@ struct Request {
   std::vector<int32_t> prompt_token_ids;
   bool add_special_tokens = true;       // when encoding `prompt`
   SamplingParams params;
-  int priority = 0;                     // smaller runs first (then arrival order)
+  int priority = 0;                     // smaller runs first (then arrival order), aged:
+                                        // see EngineConfig::priority_aging_steps
 };
 
 enum class FinishReason { kNone, kStop, kLength, kAbort, kError };
@@ -160,7 +176,10 @@ struct EngineStats {
   double prefix_hit_rate = 0.0;
   int64_t num_prompt_tokens = 0;      // computed prompt tokens (prefill work)
   int64_t num_generated_tokens = 0;
-  int64_t num_preemptions = 0;
+  int64_t num_preemptions = 0;       // recompute and swap
+  int64_t num_swap_outs = 0;         // preemptions that swapped to host memory
+  int num_swap_blocks = 0;           // host swap slots (pages) in all
+  int num_free_swap_blocks = 0;
   int64_t num_steps = 0;
   int64_t num_finished_requests = 0;
 };

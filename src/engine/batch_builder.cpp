@@ -17,11 +17,17 @@ void StepBatch::clear() {
   block_indices.clear();
   logit_rows.clear();
   copies.clear();
+  swap_out.clear();
+  swap_in.clear();
 }
 
 void build_step_batch(SchedulerOutput& sched, int block_size, StepBatch& b) {
   b.clear();
   b.copies = sched.copies;
+  b.swap_out = sched.swap_out;
+  b.swap_in = sched.swap_in;
+  // Slots freed by a swap-in may be reused only from the next step on.
+  OSP_CHECK(b.swap_out.empty() || b.swap_in.empty());
   b.q_indptr.push_back(0);
   b.block_indptr.push_back(0);
   for (ScheduledSeq& ss : sched.seqs) {

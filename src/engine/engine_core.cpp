@@ -10,19 +10,23 @@ namespace osprey {
 EngineCore::EngineCore(const CoreConfig& config, Executor& executor)
     : config_(config),
       executor_(executor),
-      kv_(config.num_blocks, config.block_size, config.enable_prefix_caching, config.cache_salt),
+      kv_(config.num_blocks, config.block_size, config.enable_prefix_caching, config.cache_salt,
+          config.num_swap_blocks),
       scheduler_(config.scheduler, kv_),
       sampler_(executor.vocab_size()) {}
 
 Status EngineCore::initialize() {
-  return executor_.initialize(config_.num_blocks, config_.block_size, config_.scheduler.max_num_batched_tokens,
-                              scheduler_.max_logit_rows());
+  OSP_RETURN_IF_ERROR(executor_.initialize(config_.num_blocks, config_.block_size,
+                                           config_.scheduler.max_num_batched_tokens, scheduler_.max_logit_rows()));
+  if (config_.num_swap_blocks > 0) OSP_RETURN_IF_ERROR(executor_.initialize_swap(config_.num_swap_blocks));
+  return Status::Ok();
 }
 
 void EngineCore::add_request(std::unique_ptr<RequestState> req, std::vector<int32_t> prompt) {
   OSP_CHECK(!prompt.empty());
   OSP_CHECK(requests_.find(req->key) == requests_.end());
   req->arrival = next_arrival_++;
+  scheduler_.assign_rank(*req);
   req->seqs.clear();
   auto seq = std::make_unique<Sequence>();
   seq->req = req.get();
@@ -151,7 +155,15 @@ Status EngineCore::step(std::vector<SeqEvent>& events) {
     finish(*seq, FinishReason::kLength, -1, events, nullptr);
     release_request_if_done(req);
   }
-  if (sched_out_.seqs.empty()) return Status::Ok();
+  if (sched_out_.seqs.empty()) {
+    // Nothing to compute, but victims swapped out this step must still be
+    // copied before their pages are reused.
+    if (sched_out_.swap_out.empty()) return Status::Ok();
+    build_step_batch(sched_out_, config_.block_size, batch_);
+    Expected<const float*> done = executor_.execute(batch_);
+    if (!done.ok()) fail_all(FinishReason::kError, done.status(), events);
+    return done.status();
+  }
   ++stats_.num_steps;
   build_step_batch(sched_out_, config_.block_size, batch_);
   Expected<const float*> logits = executor_.execute(batch_);

@@ -27,6 +27,7 @@ struct CoreConfig {
   SchedulerConfig scheduler;
   int num_blocks = 0;
   int block_size = 16;
+  int num_swap_blocks = 0;  // host swap slots (pages); 0: preemption recomputes
   bool enable_prefix_caching = true;
   uint64_t cache_salt = 0;
   int max_model_len = 0;

@@ -28,6 +28,11 @@ struct StepBatch {
   std::vector<int32_t> block_indices;  // [block_indptr[num_seqs]]
   std::vector<int32_t> logit_rows;     // token rows whose logits are wanted
   std::vector<BlockCopy> copies;       // page copies to run before the forward
+  // Swap copies of whole pages (every layer's K and V), run in this order:
+  // swap_out {device page src -> host slot dst}, then copies, then swap_in
+  // {host slot src -> device page dst}, then the forward.
+  std::vector<BlockCopy> swap_out;
+  std::vector<BlockCopy> swap_in;
 
   void clear();
 };
@@ -39,8 +44,15 @@ class Executor {
   // Allocates num_blocks KV pages of block_size tokens and buffers for steps of
   // up to max_tokens tokens and max_logit_rows logit rows. Called once.
   virtual Status initialize(int num_blocks, int block_size, int max_tokens, int max_logit_rows) = 0;
-  // Runs batch.copies, then the forward. Returns the logits of batch.logit_rows,
+  // Allocates num_host_blocks host slots of one page each (every layer's K
+  // and V) for swapping; called after initialize() when swap is configured.
+  virtual Status initialize_swap(int num_host_blocks) {
+    (void)num_host_blocks;
+    return unsupported("this executor cannot swap KV pages to host memory");
+  }
+  // Runs batch.swap_out, batch.copies, batch.swap_in, then the forward. Returns the logits of batch.logit_rows,
   // [logit_rows.size(), vocab] F32 in HOST memory, valid until the next call.
+  // A batch without tokens runs only its copies (and returns null).
   // This is the one place logits cross to the host: a device backend copies
   // them here (or, later, samples on the device and returns only ids).
   virtual Expected<const float*> execute(const StepBatch& batch) = 0;

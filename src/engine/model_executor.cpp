@@ -26,6 +26,43 @@ Status ModelExecutor::initialize(int num_blocks, int block_size, int max_tokens,
   return Status::Ok();
 }
 
+Status ModelExecutor::initialize_swap(int num_host_blocks) {
+  if (num_host_blocks <= 0) return invalid_argument("swap space needs at least one page");
+  if (kv_.layers.empty()) return internal_error("initialize_swap before initialize");
+  num_host_blocks_ = num_host_blocks;
+  host_swap_.clear();
+  for (auto& layer : kv_.layers) {
+    for (Tensor* t : {&layer.k, &layer.v}) {
+      const size_t page = static_cast<size_t>(t->nbytes() / kv_.num_blocks);
+      host_swap_.emplace_back(page * static_cast<size_t>(num_host_blocks));
+    }
+  }
+  return Status::Ok();
+}
+
+void ModelExecutor::swap_blocks(const std::vector<BlockCopy>& copies, bool to_host) {
+  size_t ti = 0;
+  for (auto& layer : kv_.layers) {
+    for (Tensor* t : {&layer.k, &layer.v}) {
+      const size_t page = static_cast<size_t>(t->nbytes() / kv_.num_blocks);
+      char* base = static_cast<char*>(t->data());
+      uint8_t* host = host_swap_[ti++].data();
+      for (const BlockCopy& c : copies) {
+        const int32_t dev_page = to_host ? c.src : c.dst;
+        const int32_t slot = to_host ? c.dst : c.src;
+        OSP_CHECK(dev_page >= 0 && dev_page < kv_.num_blocks && slot >= 0 && slot < num_host_blocks_);
+        char* dev = base + page * dev_page;
+        uint8_t* h = host + page * slot;
+        if (on_host_) {
+          if (to_host) std::memcpy(h, dev, page); else std::memcpy(dev, h, page);
+        } else {
+          if (to_host) backend_->copy_to_host(h, dev, page); else backend_->copy_to_device(dev, h, page);
+        }
+      }
+    }
+  }
+}
+
 const int32_t* ModelExecutor::to_device(int slot, const std::vector<int32_t>& host) {
   if (on_host_) return host.data();
   if (static_cast<int>(device_arrays_.size()) <= slot) device_arrays_.resize(slot + 1);
@@ -62,8 +99,10 @@ void ModelExecutor::copy_blocks(const std::vector<BlockCopy>& copies) {
 }
 
 Expected<const float*> ModelExecutor::execute(const StepBatch& b) {
+  if (!b.swap_out.empty()) swap_blocks(b.swap_out, true);
   if (!b.copies.empty()) copy_blocks(b.copies);
-  if (b.num_tokens == 0) return internal_error("empty step");
+  if (!b.swap_in.empty()) swap_blocks(b.swap_in, false);
+  if (b.num_tokens == 0) return static_cast<const float*>(nullptr);  // copies only
   const std::vector<int32_t>* rows = &b.logit_rows;
   if (static_cast<int>(rows->size()) > max_logit_rows_)
     return internal_error("step wants " + std::to_string(rows->size()) + " logit rows, reserved " +

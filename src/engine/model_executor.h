@@ -21,12 +21,15 @@ class ModelExecutor final : public Executor {
 
   int vocab_size() const override { return model_->config().vocab_size; }
   Status initialize(int num_blocks, int block_size, int max_tokens, int max_logit_rows) override;
+  Status initialize_swap(int num_host_blocks) override;
   Expected<const float*> execute(const StepBatch& batch) override;
 
   Model& model() { return *model_; }
 
  private:
   void copy_blocks(const std::vector<BlockCopy>& copies);
+  // Device page -> host slot (to_host) or host slot -> device page, every layer's K and V.
+  void swap_blocks(const std::vector<BlockCopy>& copies, bool to_host);
   // Host array -> pointer the backend can read (CPU: the host array itself).
   const int32_t* to_device(int slot, const std::vector<int32_t>& host);
 
@@ -37,6 +40,10 @@ class ModelExecutor final : public Executor {
   int max_logit_rows_ = 0;
   std::vector<float> host_logits_;      // staging for device logits
   std::vector<uint8_t> page_staging_;   // staging for device page copies
+  // Host swap slots: one buffer per KV tensor (layer-major, K then V), each
+  // [num_host_blocks, page bytes of that tensor].
+  std::vector<std::vector<uint8_t>> host_swap_;
+  int num_host_blocks_ = 0;
   struct DeviceArray {
     void* ptr = nullptr;
     size_t capacity = 0;  // bytes

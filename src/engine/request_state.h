@@ -28,6 +28,12 @@ struct Sequence {
   SeqStatus status = SeqStatus::kWaiting;
   // Prompt positions whose logits have produced prompt logprobs (index 0 only).
   int prompt_logprob_pos = 0;
+  // Swapped out (waiting only): host slot i holds page i of positions
+  // [0, num_swapped); swap-in restores them and num_computed = num_swapped.
+  std::vector<int32_t> swapped_blocks;
+  int num_swapped = 0;
+
+  bool swapped() const { return !swapped_blocks.empty(); }
 
   int num_tokens() const { return static_cast<int>(tokens.size()); }
   int num_output() const { return num_tokens() - num_prompt_tokens; }
@@ -38,6 +44,9 @@ struct RequestState {
   std::string id;
   uint64_t arrival = 0;          // admission order, for FCFS
   int priority = 0;
+  // Scheduling order key (smaller first, then arrival): priority aged by the
+  // engine step at arrival (Scheduler::assign_rank; EngineConfig::priority_aging_steps).
+  int64_t rank = 0;
   SamplingParams params;
   uint64_t seed = 0;             // params.seed or one the engine drew
   std::vector<std::unique_ptr<Sequence>> seqs;  // seqs[i]->index == i once forked

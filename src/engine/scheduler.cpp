@@ -8,7 +8,7 @@ namespace osprey {
 
 namespace {
 bool before(const Sequence* a, const Sequence* b) {
-  if (a->req->priority != b->req->priority) return a->req->priority < b->req->priority;
+  if (a->req->rank != b->req->rank) return a->req->rank < b->req->rank;
   if (a->req->arrival != b->req->arrival) return a->req->arrival < b->req->arrival;
   return a->index < b->index;
 }
@@ -26,6 +26,14 @@ int Scheduler::prompt_logprob_budget() const {
 
 int Scheduler::max_logit_rows() const { return config_.max_num_seqs + prompt_logprob_budget(); }
 
+void Scheduler::assign_rank(RequestState& req) const {
+  // Effective priority at step s: priority - (s - arrival_step) / aging_steps;
+  // times aging_steps and plus s (the same for everyone) it is this fixed key.
+  req.rank = config_.aging_steps > 0
+                 ? static_cast<int64_t>(req.priority) * config_.aging_steps + num_schedules_
+                 : static_cast<int64_t>(req.priority);
+}
+
 void Scheduler::add_waiting(Sequence* seq) {
   OSP_CHECK(seq->table.empty() && seq->num_computed == 0);
   seq->status = SeqStatus::kWaiting;
@@ -42,6 +50,8 @@ void Scheduler::remove(Sequence* seq) {
   auto it = std::find(q.begin(), q.end(), seq);
   if (it != q.end()) q.erase(it);
   kv_.free(seq->table);
+  kv_.drop_swapped(seq->swapped_blocks);
+  seq->num_swapped = 0;
   seq->status = SeqStatus::kFinished;
 }
 
@@ -49,7 +59,12 @@ void Scheduler::preempt(Sequence* seq, SchedulerOutput& out) {
   auto it = std::find(running_.begin(), running_.end(), seq);
   OSP_CHECK(it != running_.end());
   running_.erase(it);
-  kv_.free(seq->table);
+  if (kv_.swap_out(seq->table, seq->num_computed, seq->swapped_blocks, out.swap_out)) {
+    seq->num_swapped = seq->num_computed;
+    ++num_swap_outs_;
+  } else {
+    kv_.free(seq->table);  // recompute
+  }
   seq->num_computed = 0;
   add_waiting(seq);
   out.preempted.push_back(seq);
@@ -74,6 +89,7 @@ int Scheduler::prompt_rows(const Sequence& seq, int& num_new, int rows_left) con
 
 void Scheduler::schedule(SchedulerOutput& out) {
   out.clear();
+  ++num_schedules_;
   int budget = config_.max_num_batched_tokens;
   int rows_left = prompt_logprob_budget();
   std::stable_sort(running_.begin(), running_.end(), before);
@@ -130,13 +146,23 @@ void Scheduler::schedule(SchedulerOutput& out) {
     OSP_CHECK(seq->table.empty());
     const bool first_pass_logprobs = seq->req->wants_prompt_logprobs() && seq->index == 0 &&
                                      seq->prompt_logprob_pos < seq->num_prompt_tokens - 1;
-    int matched = first_pass_logprobs ? 0 : kv_.match_prefix(seq->table, seq->tokens);
-    seq->num_computed = matched;
+    const bool swapped = seq->swapped();
+    int matched = 0;
+    if (swapped) {
+      seq->num_computed = seq->num_swapped;
+    } else {
+      matched = first_pass_logprobs ? 0 : kv_.match_prefix(seq->table, seq->tokens);
+      seq->num_computed = matched;
+    }
     const int remaining = seq->num_tokens() - seq->num_computed;
     int num_new = std::min(remaining, budget);
     const int rows = prompt_rows(*seq, num_new, rows_left);
     bool ok = num_new > 0 && whole_or_chunkable(num_new, remaining);
-    if (ok) ok = kv_.allocate(seq->table, seq->num_computed, num_new, out.copies);
+    if (ok) {
+      ok = swapped ? kv_.swap_in(seq->table, seq->swapped_blocks, seq->num_swapped, num_new, out.swap_in)
+                   : kv_.allocate(seq->table, seq->num_computed, num_new, out.copies);
+    }
+    if (ok && swapped) seq->num_swapped = 0;
     if (!ok) {
       kv_.free(seq->table);
       seq->num_computed = 0;

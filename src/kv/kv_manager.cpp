@@ -4,13 +4,17 @@
 
 namespace osprey {
 
-KvManager::KvManager(int num_blocks, int block_size, bool enable_prefix_caching, uint64_t salt)
+KvManager::KvManager(int num_blocks, int block_size, bool enable_prefix_caching, uint64_t salt, int num_swap_blocks)
     : block_size_(block_size),
       prefix_caching_(enable_prefix_caching),
       salt_(salt),
       pool_(num_blocks),
-      cache_(num_blocks, block_size) {
+      cache_(num_blocks, block_size),
+      num_swap_blocks_(num_swap_blocks) {
   OSP_CHECK_GT(block_size, 0);
+  OSP_CHECK_GE(num_swap_blocks, 0);
+  // Slot 0 on top: slots are handed out in increasing order at first.
+  for (int32_t s = num_swap_blocks - 1; s >= 0; --s) free_swap_.push_back(s);
 }
 
 int32_t KvManager::take_page() {
@@ -101,6 +105,43 @@ void KvManager::cache_blocks(BlockTable& table, std::span<const int32_t> tokens,
                   tokens.subspan(static_cast<size_t>(i) * block_size_, block_size_));
   }
   if (num_full > table.num_cached_blocks) table.num_cached_blocks = num_full;
+}
+
+bool KvManager::swap_out(BlockTable& table, int num_computed, std::vector<int32_t>& host_blocks,
+                         std::vector<BlockCopy>& copies) {
+  OSP_CHECK(host_blocks.empty());
+  const int n = blocks_for(num_computed, block_size_);
+  OSP_CHECK_LE(n, static_cast<int>(table.blocks.size()));
+  if (n == 0 || n > num_free_swap_blocks()) return false;
+  for (int i = 0; i < n; ++i) {
+    const int32_t slot = free_swap_.back();
+    free_swap_.pop_back();
+    host_blocks.push_back(slot);
+    copies.push_back({table.blocks[i], slot});
+  }
+  ++stats_.swap_outs;
+  stats_.swapped_out_pages += n;
+  free(table);
+  return true;
+}
+
+bool KvManager::swap_in(BlockTable& table, std::vector<int32_t>& host_blocks, int num_swapped, int num_new,
+                        std::vector<BlockCopy>& copies) {
+  OSP_CHECK(table.empty());
+  OSP_CHECK_EQ(static_cast<int>(host_blocks.size()), blocks_for(num_swapped, block_size_));
+  std::vector<BlockCopy> none;
+  if (!allocate(table, 0, num_swapped + num_new, none)) return false;
+  OSP_CHECK(none.empty());
+  for (size_t i = 0; i < host_blocks.size(); ++i) copies.push_back({host_blocks[i], table.blocks[i]});
+  ++stats_.swap_ins;
+  drop_swapped(host_blocks);
+  return true;
+}
+
+void KvManager::drop_swapped(std::vector<int32_t>& host_blocks) {
+  for (auto it = host_blocks.rbegin(); it != host_blocks.rend(); ++it) free_swap_.push_back(*it);
+  OSP_CHECK_LE(num_free_swap_blocks(), num_swap_blocks_);
+  host_blocks.clear();
 }
 
 void KvManager::free(BlockTable& table) {

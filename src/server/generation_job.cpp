@@ -144,6 +144,11 @@ void GenerationJob::process_locked(size_t sub, const RequestOutput& out) {
   const auto now = Clock::now();
   const int n = req_.params.n;
   const bool chat = req_.kind == ApiKind::kChat;
+  if (!subs_[sub].got_output) {
+    subs_[sub].got_output = true;
+    // Upper bound of the queue time (the engine reports no first-scheduled time).
+    metrics_->observe_queue_time(std::chrono::duration<double>(now - arrival_).count());
+  }
   for (const CompletionOutput& c : out.outputs) {
     if (c.index < 0 || c.index >= n) continue;
     const int idx = static_cast<int>(sub) * n + c.index;
@@ -200,8 +205,7 @@ void GenerationJob::process_locked(size_t sub, const RequestOutput& out) {
     if (c.finish_reason != FinishReason::kNone) {
       const double e2e = std::chrono::duration<double>(now - arrival_).count();
       const double ttft = ch.seen_token ? std::chrono::duration<double>(ch.first_token - arrival_).count() : -1.0;
-      metrics_->observe_finished(c.finish_reason, static_cast<int>(prompts_[sub].token_ids.size()), ch.num_tokens, e2e,
-                                 ttft);
+      metrics_->observe_finished(c.finish_reason, ch.num_tokens, e2e, ttft);
     }
   }
   if (!out.finished) return;
@@ -209,11 +213,14 @@ void GenerationJob::process_locked(size_t sub, const RequestOutput& out) {
   if (s.finished) return;
   s.finished = true;
   s.usage = out.usage;
+  metrics_->observe_prompt(static_cast<int>(prompts_[sub].token_ids.size()));
   const FinishReason fallback = out.error.ok() ? FinishReason::kAbort : FinishReason::kError;
   for (int k = 0; k < n; ++k) {
     Choice& ch = choices_[sub * n + k];
     if (ch.finish != FinishReason::kNone) continue;
     ch.finish = fallback;
+    const double ttft = ch.seen_token ? std::chrono::duration<double>(ch.first_token - arrival_).count() : -1.0;
+    metrics_->observe_finished(fallback, ch.num_tokens, std::chrono::duration<double>(now - arrival_).count(), ttft);
     if (req_.stream)
       emit(chat
                ? chat_chunk(meta_, static_cast<int>(sub) * n + k, json::object(), nullptr, fallback, req_.include_usage)

@@ -66,6 +66,7 @@ class GenerationJob : public std::enable_shared_from_this<GenerationJob> {
     std::string engine_id;
     std::shared_ptr<RequestStream> stream;
     Usage usage;
+    bool got_output = false;  // its queue time was observed
     bool finished = false;
   };
 

@@ -254,6 +254,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   // Answers a transport-level error and closes the connection afterwards.
   void reject(int status, const std::string& message, const char* code) {
+    if (server_->options.on_transport_error) server_->options.on_transport_error(status);
     disarm_timer();
     state_ = State::kHandling;
     keep_alive_ = false;

@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,6 +30,9 @@ struct HttpServerOptions {
   std::chrono::milliseconds write_timeout{60000};       // one write making no progress
   // Origins allowed by CORS ("*" for any); empty: no CORS headers.
   std::vector<std::string> cors_origins;
+  // Called (on an I/O thread) with the status of every error the transport
+  // answers itself (400, 408, 413, 431), e.g. to count it in the metrics.
+  std::function<void(int status)> on_transport_error;
 };
 
 struct HttpServerCounters {

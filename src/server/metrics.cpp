@@ -90,6 +90,7 @@ ServerMetrics::ServerMetrics(std::string model_name)
       itl_(latency_buckets()),
       tpot_(latency_buckets()),
       e2e_(e2e_buckets()),
+      queue_(e2e_buckets()),
       prompt_len_(length_buckets()),
       output_len_(length_buckets()) {}
 
@@ -108,15 +109,23 @@ void ServerMetrics::observe_inter_token(double s) {
   itl_.observe(s);
 }
 
-void ServerMetrics::observe_finished(FinishReason reason, int prompt_tokens, int completion_tokens, double e2e,
-                                     double ttft) {
+void ServerMetrics::observe_queue_time(double s) {
+  std::lock_guard lock(mu_);
+  queue_.observe(s);
+}
+
+void ServerMetrics::observe_prompt(int prompt_tokens) {
+  std::lock_guard lock(mu_);
+  prompt_tokens_ += prompt_tokens;
+  prompt_len_.observe(prompt_tokens);
+}
+
+void ServerMetrics::observe_finished(FinishReason reason, int completion_tokens, double e2e, double ttft) {
   std::lock_guard lock(mu_);
   const char* name = finish_reason_name(reason);
   ++finished_by_reason_[*name ? name : "none"];
-  prompt_tokens_ += prompt_tokens;
   generation_tokens_ += completion_tokens;
   e2e_.observe(e2e);
-  prompt_len_.observe(prompt_tokens);
   output_len_.observe(completion_tokens);
   if (completion_tokens > 1 && ttft >= 0.0) tpot_.observe((e2e - ttft) / (completion_tokens - 1));
 }
@@ -125,6 +134,11 @@ int64_t ServerMetrics::http_count(int status) const {
   std::lock_guard lock(mu_);
   auto it = http_by_code_.find(status);
   return it == http_by_code_.end() ? 0 : it->second;
+}
+
+uint64_t ServerMetrics::queue_time_count() const {
+  std::lock_guard lock(mu_);
+  return queue_.count();
 }
 
 std::string ServerMetrics::render(const EngineStats& e, const ServerGauges& g) const {
@@ -152,11 +166,11 @@ std::string ServerMetrics::render(const EngineStats& e, const ServerGauges& g) c
   sample(o, "osprey:engine_steps_total", L, static_cast<double>(e.num_steps));
   header(o, "osprey:engine_prompt_tokens_computed_total", "counter", "Prompt tokens computed (prefill work).");
   sample(o, "osprey:engine_prompt_tokens_computed_total", L, static_cast<double>(e.num_prompt_tokens));
-  header(o, "osprey:prompt_tokens_total", "counter", "Prompt tokens of finished requests.");
+  header(o, "osprey:prompt_tokens_total", "counter", "Prompt tokens of engine requests that produced output or finished.");
   sample(o, "osprey:prompt_tokens_total", L, static_cast<double>(prompt_tokens_));
-  header(o, "osprey:generation_tokens_total", "counter", "Generated tokens of finished requests.");
+  header(o, "osprey:generation_tokens_total", "counter", "Generated tokens of finished sequences.");
   sample(o, "osprey:generation_tokens_total", L, static_cast<double>(generation_tokens_));
-  header(o, "osprey:request_success_total", "counter", "Finished requests by finish reason.");
+  header(o, "osprey:request_success_total", "counter", "Finished sequences by finish reason.");
   for (const auto& [reason, n] : finished_by_reason_)
     sample(o, "osprey:request_success_total", L + ",finished_reason=\"" + reason + "\"", static_cast<double>(n));
   header(o, "osprey:time_to_first_token_seconds", "histogram", "Time to first token (arrival to first output).");
@@ -168,6 +182,9 @@ std::string ServerMetrics::render(const EngineStats& e, const ServerGauges& g) c
   tpot_.render(o, "osprey:request_time_per_output_token_seconds", L);
   header(o, "osprey:e2e_request_latency_seconds", "histogram", "End-to-end request latency.");
   e2e_.render(o, "osprey:e2e_request_latency_seconds", L);
+  header(o, "osprey:request_queue_time_seconds", "histogram",
+         "Arrival to first output of an engine request (upper bound of the queue time: includes its prefill).");
+  queue_.render(o, "osprey:request_queue_time_seconds", L);
   header(o, "osprey:request_prompt_tokens", "histogram", "Prompt tokens per request.");
   prompt_len_.render(o, "osprey:request_prompt_tokens", L);
   header(o, "osprey:request_generation_tokens", "histogram", "Generated tokens per request.");
@@ -175,6 +192,10 @@ std::string ServerMetrics::render(const EngineStats& e, const ServerGauges& g) c
   header(o, "osprey:http_requests_total", "counter", "HTTP responses by status code.");
   for (const auto& [code, n] : http_by_code_)
     sample(o, "osprey:http_requests_total", "code=\"" + std::to_string(code) + "\"", static_cast<double>(n));
+  header(o, "osprey:http_errors_total", "counter", "HTTP error responses (status >= 400) by status code.");
+  for (const auto& [code, n] : http_by_code_)
+    if (code >= 400)
+      sample(o, "osprey:http_errors_total", "code=\"" + std::to_string(code) + "\"", static_cast<double>(n));
   header(o, "osprey:http_connections_open", "gauge", "Open HTTP connections.");
   sample(o, "osprey:http_connections_open", "", static_cast<double>(g.open_connections));
   header(o, "osprey:server_queued_requests", "gauge", "Admitted requests without any output yet.");

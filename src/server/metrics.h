@@ -45,14 +45,21 @@ class ServerMetrics {
   void count_http(int status);
   void observe_ttft(double seconds);
   void observe_inter_token(double seconds);
-  // A finished sequence-group: its finish reason, token counts and timings.
-  void observe_finished(FinishReason reason, int prompt_tokens, int completion_tokens, double e2e_seconds,
-                        double ttft_seconds);
+  // Queue time of one engine request. The engine does not report when it
+  // first scheduled a request, so callers pass arrival -> first output of
+  // that engine request: an upper bound that includes its prefill step(s).
+  void observe_queue_time(double seconds);
+  // One engine request's prompt (counted once, whatever its n).
+  void observe_prompt(int prompt_tokens);
+  // A finished sequence (one choice): its finish reason, generated tokens and
+  // timings (ttft_seconds < 0: it produced no token).
+  void observe_finished(FinishReason reason, int completion_tokens, double e2e_seconds, double ttft_seconds);
 
   std::string render(const EngineStats& engine, const ServerGauges& gauges) const;
 
   // For tests.
   int64_t http_count(int status) const;
+  uint64_t queue_time_count() const;
 
  private:
   mutable std::mutex mu_;
@@ -60,7 +67,7 @@ class ServerMetrics {
   std::map<int, int64_t> http_by_code_;
   std::map<std::string, int64_t> finished_by_reason_;
   int64_t prompt_tokens_ = 0, generation_tokens_ = 0;
-  Histogram ttft_, itl_, tpot_, e2e_, prompt_len_, output_len_;
+  Histogram ttft_, itl_, tpot_, e2e_, queue_, prompt_len_, output_len_;
 };
 
 // Escapes a Prometheus label value (\\, \", \n).

@@ -6,6 +6,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <csignal>
+#include <sys/resource.h>
 #include <thread>
 
 #include "server/openai_service.h"
@@ -34,6 +35,26 @@ std::vector<std::string> model_names(const std::string& model_arg, const std::st
 
 namespace {
 
+// Every connection holds a file descriptor: raise the soft RLIMIT_NOFILE to
+// the hard limit so that thousands of connections do not hit a low default
+// (often 1024). Logs what it got; failure is not fatal.
+void raise_fd_limit() {
+  rlimit lim{};
+  if (getrlimit(RLIMIT_NOFILE, &lim) != 0) return;
+  const rlim_t before = lim.rlim_cur;
+  if (lim.rlim_cur != lim.rlim_max) {
+    lim.rlim_cur = lim.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &lim) != 0) {
+      spdlog::warn("cannot raise the open-file limit from {} to {}", before, lim.rlim_max);
+      return;
+    }
+  }
+  if (lim.rlim_cur == RLIM_INFINITY)
+    spdlog::info("open-file limit: unlimited");
+  else
+    spdlog::info("open-file limit: {} (was {})", lim.rlim_cur, before);
+}
+
 // One greedy token through the whole engine: proves it can generate.
 Status warm_up(GenerationBackend& backend) {
   Request r;
@@ -61,13 +82,16 @@ Status warm_up(GenerationBackend& backend) {
 
 int run_server(const ServerConfig& config, BackendFactory factory) {
   std::signal(SIGPIPE, SIG_IGN);
+  raise_fd_limit();
   ServiceOptions so;
   so.model_names = model_names(config.model_arg, config.engine.model_path, config.served_model_names);
   so.model_root = config.engine.model_path;
   so.api_key = config.api_key;
   so.max_queue = config.max_queue;
   auto service = std::make_shared<OpenAIService>(so);
-  HttpServer http(config.http, [service](HttpRequest req, std::shared_ptr<ResponseWriter> w) {
+  HttpServerOptions http_options = config.http;
+  http_options.on_transport_error = [metrics = service->metrics()](int status) { metrics->count_http(status); };
+  HttpServer http(std::move(http_options), [service](HttpRequest req, std::shared_ptr<ResponseWriter> w) {
     service->handle(std::move(req), std::move(w));
   });
   service->set_connection_counter([&http] { return http.counters().open_connections; });

@@ -100,7 +100,8 @@ TEST(Metrics, PrometheusText) {
   m.count_http(200);
   m.count_http(400);
   m.observe_ttft(0.003);
-  m.observe_finished(FinishReason::kStop, 10, 5, 1.0, 0.2);
+  m.observe_prompt(10);
+  m.observe_finished(FinishReason::kStop, 5, 1.0, 0.2);
   EngineStats s;
   s.num_running = 3;
   s.kv_usage = 0.25;
