@@ -108,6 +108,9 @@ struct Engine::Impl {
     stats.num_prompt_tokens = core->stats().num_prompt_tokens;
     stats.num_generated_tokens = core->stats().num_generated_tokens;
     stats.num_preemptions = s.num_preemptions();
+    stats.num_swap_outs = s.num_swap_outs();
+    stats.num_swap_blocks = kv.num_swap_blocks();
+    stats.num_free_swap_blocks = kv.num_free_swap_blocks();
     stats.num_steps = core->stats().num_steps;
     stats.num_finished_requests = core->stats().num_finished_requests;
   }
@@ -201,7 +204,17 @@ Expected<std::unique_ptr<Engine>> make_engine(const EngineConfig& config, Engine
   cc.scheduler.max_num_seqs = config.max_num_seqs;
   cc.scheduler.enable_chunked_prefill = config.enable_chunked_prefill;
   cc.scheduler.max_prompt_logprob_rows = std::max(1, config.max_prompt_logprob_rows);
+  cc.scheduler.aging_steps = config.priority_aging_steps;
   cc.num_blocks = num_blocks;
+  if (config.swap_space_bytes < 0) return invalid_argument("swap_space_bytes must not be negative");
+  if (config.swap_space_bytes > 0) {
+    if (parts.kv_bytes_per_token == 0) return invalid_argument("swap_space_bytes set but KV bytes per token unknown");
+    const int64_t per_block = static_cast<int64_t>(parts.kv_bytes_per_token) * config.block_size;
+    cc.num_swap_blocks = static_cast<int>(std::min<int64_t>(config.swap_space_bytes / per_block, 1 << 24));
+    if (cc.num_swap_blocks <= 0)
+      return resource_exhausted("swap_space_bytes = " + std::to_string(config.swap_space_bytes) +
+                                " holds no KV page of " + std::to_string(per_block) + " bytes");
+  }
   cc.block_size = config.block_size;
   cc.enable_prefix_caching = config.enable_prefix_caching;
   cc.cache_salt = hash_string(config.cache_salt.empty() ? parts.model_path + "|" + config.load_format
