@@ -107,6 +107,28 @@ std::vector<int32_t> random_tokens(std::mt19937& rng, int n, int vocab) {
   return v;
 }
 
+// Per decode-only step between two stats snapshots: host time (schedule,
+// batch build, sampling + update, loop) against the executor's forward.
+nlohmann::json print_step_timing(const char* label, const EngineStats& a, const EngineStats& b) {
+  const int64_t steps = b.num_decode_steps - a.num_decode_steps;
+  if (steps <= 0) return nullptr;
+  const double us = 1e-3 / static_cast<double>(steps);
+  const double sched = (b.decode_schedule_ns - a.decode_schedule_ns) * us;
+  const double build = (b.decode_build_ns - a.decode_build_ns) * us;
+  const double fwd = (b.decode_forward_ns - a.decode_forward_ns) * us;
+  const double upd = (b.decode_update_ns - a.decode_update_ns) * us;
+  const double smp = (b.decode_sample_ns - a.decode_sample_ns) * us;
+  const double loop = (b.decode_loop_ns - a.decode_loop_ns) * us;
+  const double host = sched + build + upd + loop;
+  const double batch = static_cast<double>(b.decode_tokens - a.decode_tokens) / static_cast<double>(steps);
+  std::printf("  decode step (%s): %lld steps, %.1f seqs/step; per step: forward %.1f us, host %.1f us "
+              "(schedule %.1f, build %.1f, sample+update %.1f [sampler %.1f], loop %.1f) = %.2f%% of the step\n",
+              label, static_cast<long long>(steps), batch, fwd, host, sched, build, upd, smp, loop,
+              100.0 * host / (host + fwd));
+  return {{"decode_steps", steps}, {"seqs_per_step", batch}, {"forward_us", fwd}, {"host_us", host},
+          {"schedule_us", sched}, {"build_us", build}, {"sample_update_us", upd}, {"sampler_us", smp}, {"loop_us", loop}};
+}
+
 }  // namespace
 
 int run_bench_offline(const BenchOfflineOptions& o) {
@@ -133,6 +155,7 @@ int run_bench_offline(const BenchOfflineOptions& o) {
     // Warm-up: one short request (page faults, thread start).
     run_requests(**engine, {prompts[0]}, 2);
     RunResult seq;
+    const EngineStats st0 = (*engine)->stats();
     const auto t0 = Clock::now();
     for (int i = 0; i < std::min(o.num_sequential, o.num_requests); ++i) {
       RunResult one = run_requests(**engine, {prompts[i]}, o.output_len);
@@ -140,7 +163,9 @@ int run_bench_offline(const BenchOfflineOptions& o) {
       seq.timings.push_back(one.timings[0]);
     }
     seq.wall_s = seconds_since(t0, Clock::now());
+    const EngineStats st1 = (*engine)->stats();
     RunResult conc = run_requests(**engine, prompts, o.output_len);
+    const EngineStats st2 = (*engine)->stats();
     std::printf("throughput: input %d, output %d tokens, %d concurrent requests\n", o.input_len, o.output_len,
                 o.num_requests);
     std::printf("  %-14s %12s %12s %12s\n", "", "tokens/s", "TTFT ms", "TPOT ms");
@@ -150,6 +175,8 @@ int run_bench_offline(const BenchOfflineOptions& o) {
                 conc.mean_tpot_ms());
     const double speedup = seq.tokens_per_s() > 0 ? conc.tokens_per_s() / seq.tokens_per_s() : 0;
     std::printf("  speedup %.2fx\n", speedup);
+    nlohmann::json timing_seq = print_step_timing("one at a time", st0, st1);
+    nlohmann::json timing_conc = print_step_timing("concurrent", st1, st2);
     report["throughput"] = {{"input_len", o.input_len},
                             {"output_len", o.output_len},
                             {"num_requests", o.num_requests},
@@ -159,7 +186,8 @@ int run_bench_offline(const BenchOfflineOptions& o) {
                             {"concurrent", {{"tokens_per_s", conc.tokens_per_s()},
                                             {"ttft_ms", conc.mean_ttft_ms()},
                                             {"tpot_ms", conc.mean_tpot_ms()}}},
-                            {"speedup", speedup}};
+                            {"speedup", speedup},
+                            {"decode_step_timing", {{"sequential", timing_seq}, {"concurrent", timing_conc}}}};
   }
 
   if (o.mode == "prefix" || o.mode == "all") {

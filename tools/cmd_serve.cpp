@@ -31,6 +31,7 @@ struct ServeOptions {
   int max_num_seqs = 256;
   int max_num_batched_tokens = 2048;
   int kv_cache_mb = 1024;
+  int swap_space_mb = 0;
   int block_size = 16;
   bool no_prefix_caching = false;
   int max_model_len = 0;
@@ -52,6 +53,7 @@ int run_serve(const ServeOptions& o) {
   c.engine.max_num_seqs = o.max_num_seqs;
   c.engine.max_num_batched_tokens = o.max_num_batched_tokens;
   c.engine.kv_cache_bytes = int64_t{o.kv_cache_mb} << 20;
+  c.engine.swap_space_bytes = int64_t{o.swap_space_mb} << 20;
   c.engine.block_size = o.block_size;
   c.engine.enable_prefix_caching = !o.no_prefix_caching;
   c.engine.max_model_len = o.max_model_len;
@@ -107,6 +109,9 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--max-num-batched-tokens", o->max_num_batched_tokens, "Token budget of one engine step")
       ->check(CLI::Range(1, 1 << 24));
   cmd->add_option("--kv-cache-mb", o->kv_cache_mb, "KV cache size in MiB")->check(CLI::Range(1, 1 << 24));
+  cmd->add_option("--swap-space-mb", o->swap_space_mb,
+                  "Host memory in MiB for swapping preempted requests' KV pages (0: recompute instead)")
+      ->check(CLI::Range(0, 1 << 24));
   cmd->add_option("--block-size", o->block_size, "Tokens per KV page")->check(CLI::Range(1, 1024));
   cmd->add_flag("--no-prefix-caching", o->no_prefix_caching, "Disable prefix caching");
   cmd->add_option("--max-model-len", o->max_model_len, "Context length (0: the model's own)")

@@ -64,6 +64,7 @@ struct Args {
   int threads = 0;
   osprey::cpu::Isa isa = osprey::cpu::Isa::kAuto;
   int reps = 0;  // 0: auto
+  int batch = 0;  // > 0: only the batched-decode shapes at n = batch
 };
 
 void bench_matmul(osprey::cpu::CpuBackend& be, DType t, int64_t m, int64_t k, int64_t n, bool cold, int reps) {
@@ -252,13 +253,15 @@ int main(int argc, char** argv) {
       a.threads = std::atoi(argv[++i]);
     } else if (s == "--reps" && i + 1 < argc) {
       a.reps = std::atoi(argv[++i]);
+    } else if (s == "--batch" && i + 1 < argc) {
+      a.batch = std::atoi(argv[++i]);
     } else if (s == "--isa" && i + 1 < argc) {
       const std::string v = argv[++i];
       a.isa = v == "scalar" ? osprey::cpu::Isa::kScalar
               : v == "avx2" ? osprey::cpu::Isa::kAvx2
                             : osprey::cpu::Isa::kAuto;
     } else {
-      std::fprintf(stderr, "usage: %s [--threads N] [--isa auto|scalar|avx2] [--reps R]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--threads N] [--isa auto|scalar|avx2] [--reps R] [--batch N]\n", argv[0]);
       return 2;
     }
   }
@@ -267,6 +270,16 @@ int main(int argc, char** argv) {
   o.isa = a.isa;
   auto be = osprey::cpu::make_cpu_backend(o);
   std::printf("backend %s, %d threads\n", be->name(), be->num_threads());
+  if (a.batch > 0) {  // batched decode: every layer shape and the lm_head at n = batch
+    const std::pair<int64_t, int64_t> mk[] = {{576, 576}, {192, 576}, {1536, 576}, {576, 1536}};
+    for (auto [m, k] : mk) bench_matmul(*be, DType::kQ4_1, m, k, a.batch, /*cold=*/false, a.reps);
+    bench_matmul(*be, DType::kQ8_0, 49152, 576, a.batch, /*cold=*/false, a.reps);
+    bench_matmul(*be, DType::kQ8_0, 1536, 576, a.batch, /*cold=*/false, a.reps);
+    bench_matmul(*be, DType::kQ4_1, 49152, 576, a.batch, /*cold=*/false, a.reps);
+    bench_matmul(*be, DType::kQ8_0, 6144, 576, a.batch, /*cold=*/false, a.reps);
+    bench_crossover(*be, a.reps > 0 ? a.reps : 20);
+    return 0;
+  }
   {
     osprey::ThreadPool pool(be->num_threads());
     bench_dispatch(pool);

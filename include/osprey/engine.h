@@ -182,6 +182,17 @@ struct EngineStats {
   int num_free_swap_blocks = 0;
   int64_t num_steps = 0;
   int64_t num_finished_requests = 0;
+  // Engine-loop timing over decode-only steps (every scheduled sequence
+  // computes one token), nanoseconds summed over those steps. Host time per
+  // step = schedule + build + update + loop; forward = the executor's part.
+  int64_t num_decode_steps = 0;
+  int64_t decode_tokens = 0;
+  int64_t decode_schedule_ns = 0;  // scheduler
+  int64_t decode_build_ns = 0;     // batch building (host index arrays)
+  int64_t decode_forward_ns = 0;   // executor: page copies, forward, logits to host
+  int64_t decode_update_ns = 0;    // sampling and sequence updates
+  int64_t decode_sample_ns = 0;    // of which in the sampler
+  int64_t decode_loop_ns = 0;      // the rest of the loop: commands, stats, handing events to workers
 };
 
 struct ModelInfo {

@@ -3,6 +3,7 @@
 //   - the engine loop: drains the inbox, runs EngineCore steps, posts events;
 //   - output workers: detokenize, match stop strings, deliver outputs.
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
@@ -64,6 +65,7 @@ struct Engine::Impl {
 
   mutable std::mutex stats_mutex;
   EngineStats stats;
+  int64_t decode_loop_ns = 0;  // loop thread only
 
   // False once the loop is stopping (the command is dropped): everything
   // posted before that is drained by the loop's shutdown path.
@@ -113,6 +115,15 @@ struct Engine::Impl {
     stats.num_free_swap_blocks = kv.num_free_swap_blocks();
     stats.num_steps = core->stats().num_steps;
     stats.num_finished_requests = core->stats().num_finished_requests;
+    const CoreStats& cs = core->stats();
+    stats.num_decode_steps = cs.num_decode_steps;
+    stats.decode_tokens = cs.decode_tokens;
+    stats.decode_schedule_ns = cs.decode_schedule_ns;
+    stats.decode_build_ns = cs.decode_build_ns;
+    stats.decode_forward_ns = cs.decode_forward_ns;
+    stats.decode_update_ns = cs.decode_update_ns;
+    stats.decode_sample_ns = cs.decode_sample_ns;
+    stats.decode_loop_ns = decode_loop_ns;
   }
 
   void run_loop() {
@@ -125,6 +136,7 @@ struct Engine::Impl {
         if (stopping) break;
         cmds.swap(inbox);
       }
+      const auto t_loop_begin = std::chrono::steady_clock::now();  // after any wait
       for (Command& c : cmds) {
         if (auto* a = std::get_if<AddCmd>(&c)) {
           core->add_request(std::move(a->req), std::move(a->prompt));
@@ -135,12 +147,21 @@ struct Engine::Impl {
         }
       }
       cmds.clear();
+      const int64_t decode_steps_before = core->stats().num_decode_steps;
+      auto t_step_begin = std::chrono::steady_clock::now();
       if (core->has_work()) {
         Status st = core->step(events);
         (void)st;  // failures were reported to the requests as "error"
       }
+      auto t_step_end = std::chrono::steady_clock::now();
       update_stats();
       dispatch(events);
+      if (core->stats().num_decode_steps != decode_steps_before) {
+        // Loop work around a decode step: commands before it, stats and dispatch after.
+        decode_loop_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                              (t_step_begin - t_loop_begin) + (std::chrono::steady_clock::now() - t_step_end))
+                              .count();
+      }
     }
     // Shutdown: everything in flight (and still in the inbox) ends with "abort".
     {

@@ -1,11 +1,19 @@
 #include "engine/engine_core.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "core/check.h"
 #include "engine/batch_builder.h"
 
 namespace osprey {
+
+namespace {
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
 
 EngineCore::EngineCore(const CoreConfig& config, Executor& executor)
     : config_(config),
@@ -122,7 +130,9 @@ void EngineCore::sample_into(Sequence& seq, const float* row, std::vector<SeqEve
   in.seed = req.seed;
   in.seq_index = seq.index;
   in.position = seq.num_tokens();
+  const int64_t t0 = now_ns();
   SampleResult r = sampler_.sample(row, in);
+  step_sample_ns_ += now_ns() - t0;
 
   seq.tokens.push_back(r.token);
   ++stats_.num_generated_tokens;
@@ -149,7 +159,10 @@ void EngineCore::sample_into(Sequence& seq, const float* row, std::vector<SeqEve
 }
 
 Status EngineCore::step(std::vector<SeqEvent>& events) {
+  const int64_t t0 = now_ns();
+  step_sample_ns_ = 0;
   scheduler_.schedule(sched_out_);
+  const int64_t t1 = now_ns();
   for (Sequence* seq : sched_out_.cannot_grow) {
     RequestState& req = *seq->req;
     finish(*seq, FinishReason::kLength, -1, events, nullptr);
@@ -166,7 +179,10 @@ Status EngineCore::step(std::vector<SeqEvent>& events) {
   }
   ++stats_.num_steps;
   build_step_batch(sched_out_, config_.block_size, batch_);
+  const int64_t t2 = now_ns();
   Expected<const float*> logits = executor_.execute(batch_);
+  const int64_t t3 = now_ns();
+  const bool decode_only = sched_out_.num_tokens == static_cast<int>(sched_out_.seqs.size());
   if (!logits.ok()) {
     fail_all(FinishReason::kError, logits.status(), events);
     return logits.status();
@@ -230,6 +246,15 @@ Status EngineCore::step(std::vector<SeqEvent>& events) {
   std::sort(touched.begin(), touched.end());
   touched.erase(std::unique(touched.begin(), touched.end()), touched.end());
   for (RequestState* r : touched) release_request_if_done(*r);
+  if (decode_only) {
+    ++stats_.num_decode_steps;
+    stats_.decode_tokens += sched_out_.num_tokens;
+    stats_.decode_schedule_ns += t1 - t0;
+    stats_.decode_build_ns += t2 - t1;
+    stats_.decode_forward_ns += t3 - t2;
+    stats_.decode_update_ns += now_ns() - t3;
+    stats_.decode_sample_ns += step_sample_ns_;
+  }
   return Status::Ok();
 }
 

@@ -52,6 +52,15 @@ struct CoreStats {
   int64_t num_generated_tokens = 0;
   int64_t num_steps = 0;
   int64_t num_finished_requests = 0;
+  // Wall time of the phases of decode-only steps (every scheduled sequence
+  // computes exactly one token), nanoseconds summed over those steps.
+  int64_t num_decode_steps = 0;
+  int64_t decode_tokens = 0;
+  int64_t decode_schedule_ns = 0;  // Scheduler::schedule
+  int64_t decode_build_ns = 0;     // build_step_batch
+  int64_t decode_forward_ns = 0;   // Executor::execute (copies + forward + logits to host)
+  int64_t decode_update_ns = 0;    // sampling + update (stops, prefix cache, release)
+  int64_t decode_sample_ns = 0;    // of which in the sampler (penalties, argmax / draw, logprobs)
 };
 
 class EngineCore {
@@ -100,6 +109,7 @@ class EngineCore {
   SchedulerOutput sched_out_;
   StepBatch batch_;
   std::vector<int32_t> stop_ids_scratch_;
+  int64_t step_sample_ns_ = 0;  // sampler time of the current step
   CoreStats stats_;
 };
 

@@ -152,6 +152,12 @@ std::string ServerMetrics::render(const EngineStats& e, const ServerGauges& g) c
   sample(o, "osprey:num_requests_waiting", L, e.num_waiting);
   header(o, "osprey:num_preemptions_total", "counter", "Preemptions of running sequences.");
   sample(o, "osprey:num_preemptions_total", L, static_cast<double>(e.num_preemptions));
+  header(o, "osprey:num_swap_outs_total", "counter", "Preemptions that swapped KV pages to host memory.");
+  sample(o, "osprey:num_swap_outs_total", L, static_cast<double>(e.num_swap_outs));
+  header(o, "osprey:cpu_cache_usage_perc", "gauge", "Fraction of host swap pages in use (0 to 1; 0 without swap).");
+  sample(o, "osprey:cpu_cache_usage_perc", L,
+         e.num_swap_blocks > 0 ? static_cast<double>(e.num_swap_blocks - e.num_free_swap_blocks) / e.num_swap_blocks
+                               : 0.0);
   header(o, "osprey:kv_cache_usage_perc", "gauge", "Fraction of KV cache pages in use (0 to 1).");
   sample(o, "osprey:kv_cache_usage_perc", L, e.kv_usage);
   header(o, "osprey:num_kv_blocks", "gauge", "KV cache pages in the pool.");
@@ -166,7 +172,8 @@ std::string ServerMetrics::render(const EngineStats& e, const ServerGauges& g) c
   sample(o, "osprey:engine_steps_total", L, static_cast<double>(e.num_steps));
   header(o, "osprey:engine_prompt_tokens_computed_total", "counter", "Prompt tokens computed (prefill work).");
   sample(o, "osprey:engine_prompt_tokens_computed_total", L, static_cast<double>(e.num_prompt_tokens));
-  header(o, "osprey:prompt_tokens_total", "counter", "Prompt tokens of engine requests that produced output or finished.");
+  header(o, "osprey:prompt_tokens_total", "counter",
+         "Prompt tokens of finished engine requests (once each, whatever n).");
   sample(o, "osprey:prompt_tokens_total", L, static_cast<double>(prompt_tokens_));
   header(o, "osprey:generation_tokens_total", "counter", "Generated tokens of finished sequences.");
   sample(o, "osprey:generation_tokens_total", L, static_cast<double>(generation_tokens_));

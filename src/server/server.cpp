@@ -2,11 +2,11 @@
 
 #include <spdlog/spdlog.h>
 
+#include <sys/resource.h>
 #include <atomic>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <csignal>
-#include <sys/resource.h>
 #include <thread>
 
 #include "server/openai_service.h"

@@ -22,6 +22,8 @@ if [[ ! -x "$bin" ]]; then
   echo "tests/e2e/run.sh: no osprey binary at $bin (build it, or set OSPREY_BIN)" >&2
   exit 1
 fi
+# A relative $OSPREY_BIN is relative to where this script was run from (pytest runs in tests/e2e).
+bin="$(realpath "$bin")"
 export OSPREY_BIN="$bin"
 cd "$repo/tests/e2e"
 exec "$venv/bin/python" -m pytest -q -p no:cacheprovider "$@" .

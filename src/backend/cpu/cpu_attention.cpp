@@ -3,7 +3,8 @@
 //
 // Attention is exact two-pass softmax in fp32 per (token, query head): scores
 // for the token's causal window, max, exp and sum, then the weighted sum of V
-// rows, divided by the sum at the end.
+// rows, divided by the sum at the end. The query heads of one GQA group are
+// done together so each K/V row is loaded once per group.
 #include <algorithm>
 #include <cstring>
 #include <limits>
@@ -115,47 +116,69 @@ void CpuBackend::paged_attention(const Tensor& q, const ops::LayerKv& kv, const 
   const char* kbase = static_cast<const char*>(kv.k.data());
   const char* vbase = static_cast<const char*>(kv.v.data());
   const CpuKernels& kern = *kernels_;
-  for_range(n * hq, std::max<int64_t>(1, max_len) * hd * 2, [&](int64_t b, int64_t e) {
-    float* scores = thread_scratch(0).get(static_cast<size_t>(std::max<int64_t>(1, max_len)));
-    float* buf = thread_scratch(1).get(static_cast<size_t>(hd));
-    for (int64_t item = b; item < e; ++item) {
-      const int64_t t = item / hq;
-      const int64_t h = item % hq;
-      const int64_t kvh = h / group;
+  const int64_t ld = std::max<int64_t>(1, max_len);  // scores row stride
+  // One work item = (token, kv head): the group's query heads share every
+  // K and V row, which is read once for all of them.
+  for_range(n * hk, ld * hd * 2 * group, [&](int64_t b, int64_t e) {
+    float* scores = thread_scratch(0).get(static_cast<size_t>(ld * group));  // [group, ld]
+    float* buf = thread_scratch(1).get(static_cast<size_t>(hd + group));  // [hd] converted row, [group] 1/sum
+    float* inv = buf + hd;
+    // Runs of consecutive keys j in [lo, p] that lie in one page: rows
+    // (page * bs + j % bs) * hk + kvh, stride hk rows.
+    auto for_each_run = [&](int64_t t, int64_t kvh, auto&& fn) {
       const int s = token_seq_[static_cast<size_t>(t)];
       const int64_t p = batch.positions[t];
       const int64_t lo = sliding_window > 0 ? std::max<int64_t>(0, p - sliding_window + 1) : 0;
-      const int64_t len = p - lo + 1;
       const int32_t* pages = batch.block_indices + batch.block_indptr[s];
-      const float* qv = qp + (t * hq + h) * hd;
-
-      // Pass 1: scores[j - lo] = q . k_j * scale for j in [lo, p].
-      float mx = -std::numeric_limits<float>::infinity();
       for (int64_t j = lo; j <= p;) {
         const int64_t page = pages[j / bs];
         OSP_CHECK_MSG(page >= 0 && page < num_blocks, "paged_attention: page id " << page);
         const int64_t end = std::min(p + 1, (j / bs + 1) * bs);
-        for (; j < end; ++j) {
-          const int64_t r = (page * bs + j % bs) * hk + kvh;
-          const float sc = kern.dot(qv, page_row(kbase, pt, r, hd, buf), hd) * scale;
-          scores[j - lo] = sc;
-          mx = std::max(mx, sc);
-        }
+        fn(j - lo, (page * bs + j % bs) * hk + kvh, end - j);
+        j = end;
       }
-      const float sum = kern.exp_sub_sum(scores, len, mx);
+    };
+    for (int64_t item = b; item < e; ++item) {
+      const int64_t t = item / hk;
+      const int64_t kvh = item % hk;
+      const int64_t p = batch.positions[t];
+      const int64_t lo = sliding_window > 0 ? std::max<int64_t>(0, p - sliding_window + 1) : 0;
+      const int64_t len = p - lo + 1;
+      const int64_t h0 = kvh * group;
+      const float* qv = qp + (t * hq + h0) * hd;
+      float* o = op + (t * hq + h0) * hd;
 
-      // Pass 2: out = sum_j scores[j] * v_j / sum.
-      float* o = op + (t * hq + h) * hd;
-      std::memset(o, 0, static_cast<size_t>(hd) * sizeof(float));
-      for (int64_t j = lo; j <= p;) {
-        const int64_t page = pages[j / bs];
-        const int64_t end = std::min(p + 1, (j / bs + 1) * bs);
-        for (; j < end; ++j) {
-          const int64_t r = (page * bs + j % bs) * hk + kvh;
-          kern.axpy(scores[j - lo], page_row(vbase, pt, r, hd, buf), o, hd);
+      // Pass 1: scores[h, j - lo] = q_h . k_j * scale for j in [lo, p].
+      for_each_run(t, kvh, [&](int64_t off, int64_t r, int64_t cnt) {
+        if (pt == DType::kF32) {
+          kern.attn_scores(qv, static_cast<int>(group), hd, reinterpret_cast<const float*>(kbase) + r * hd, hk * hd,
+                           cnt, scale, scores + off, ld);
+        } else {
+          for (int64_t u = 0; u < cnt; ++u)
+            kern.attn_scores(qv, static_cast<int>(group), hd, page_row(kbase, pt, r + u * hk, hd, buf), hd, 1, scale,
+                             scores + off + u, ld);
         }
+      });
+      for (int64_t h = 0; h < group; ++h) {
+        float* sh = scores + h * ld;
+        float mx = -std::numeric_limits<float>::infinity();
+        for (int64_t j = 0; j < len; ++j) mx = std::max(mx, sh[j]);
+        inv[h] = 1.0f / kern.exp_sub_sum(sh, len, mx);
       }
-      kern.scale(1.0f / sum, o, hd);
+
+      // Pass 2: out_h = sum_j scores[h, j] * v_j / sum_h.
+      std::memset(o, 0, static_cast<size_t>(hd * group) * sizeof(float));
+      for_each_run(t, kvh, [&](int64_t off, int64_t r, int64_t cnt) {
+        if (pt == DType::kF32) {
+          kern.attn_accum(scores + off, ld, static_cast<int>(group), hd,
+                          reinterpret_cast<const float*>(vbase) + r * hd, hk * hd, cnt, o);
+        } else {
+          for (int64_t u = 0; u < cnt; ++u)
+            kern.attn_accum(scores + off + u, ld, static_cast<int>(group), hd,
+                            page_row(vbase, pt, r + u * hk, hd, buf), hd, 1, o);
+        }
+      });
+      for (int64_t h = 0; h < group; ++h) kern.scale(inv[h], o + h * hd, hd);
     }
   });
 }

@@ -50,13 +50,23 @@ struct CpuKernels {
   void (*block_sums)(const float* x, int64_t k, float* sums) = nullptr;                         // sums[k/32]
   void (*silu_mul)(const float* g, const float* u, float* out, int64_t n) = nullptr;            // out = silu(g) * u
   float (*exp_sub_sum)(float* s, int64_t n, float max) = nullptr;  // s = exp(s - max); returns sum(s)
+
+  // Attention over `len` key/value rows r_j = rows + j * stride (hd floats
+  // each) for the nq query heads q[h * hd : +hd] that share them (GQA group):
+  //   attn_scores:  s[h * lds + j] = dot(q_h, r_j) * scale
+  //   attn_accum:   o[h * hd : +hd] += sum_j s[h * lds + j] * r_j   (j in order)
+  // Same fp32 arithmetic as dot/axpy per row; each row is read once for all nq heads.
+  void (*attn_scores)(const float* q, int nq, int64_t hd, const float* rows, int64_t stride, int64_t len,
+                      float scale, float* s, int64_t lds) = nullptr;
+  void (*attn_accum)(const float* s, int64_t lds, int nq, int64_t hd, const float* rows, int64_t stride,
+                     int64_t len, float* o) = nullptr;
 };
 
 const CpuKernels& scalar_kernels();
 // Null when the build or the CPU lacks AVX2/FMA/F16C.
 const CpuKernels* avx2_kernels();
 // Null when the CPU lacks AVX-512 F/BW/VL/DQ (or AVX2). The AVX2 table with
-// AVX-512 GEMV kernels for the quantised formats.
+// AVX-512 GEMV, dequantisation (Q4_1, Q8_0) and panel GEMM kernels.
 const CpuKernels* avx512_kernels();
 // Defined in cpu_kernels_avx2.cpp / cpu_kernels_avx512.cpp (x86-64 only);
 // call avx2_kernels() / avx512_kernels() instead.

@@ -344,6 +344,64 @@ float dot_avx2(const float* a, const float* b, int64_t n) {
   return s;
 }
 
+void axpy_avx2(float a, const float* x, float* y, int64_t n);
+
+// Same summation order as dot_avx2 (two 8-lane chains over 16-float steps).
+void attn_scores_avx2(const float* q, int nq, int64_t hd, const float* rows, int64_t stride, int64_t len,
+                      float scale, float* s, int64_t lds) {
+  if (hd != 64) {
+    for (int64_t j = 0; j < len; ++j)
+      for (int h = 0; h < nq; ++h) s[h * lds + j] = dot_avx2(q + h * hd, rows + j * stride, hd) * scale;
+    return;
+  }
+  for (int64_t j = 0; j < len; ++j) {
+    const float* r = rows + j * stride;
+    __m256 rv[8];
+    for (int t = 0; t < 8; ++t) rv[t] = _mm256_loadu_ps(r + 8 * t);
+    for (int h = 0; h < nq; ++h) {
+      const float* qh = q + h * 64;
+      __m256 s0 = _mm256_mul_ps(_mm256_loadu_ps(qh), rv[0]);
+      __m256 s1 = _mm256_mul_ps(_mm256_loadu_ps(qh + 8), rv[1]);
+      for (int t = 2; t < 8; t += 2) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + 8 * t), rv[t], s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + 8 * t + 8), rv[t + 1], s1);
+      }
+      s[h * lds + j] = hsum(_mm256_add_ps(s0, s1)) * scale;
+    }
+  }
+}
+
+// o_h += s_h[j] * r_j, one fused multiply-add per element and row in j
+// order, as axpy_avx2. Works on 32-float column strips so the accumulators of
+// up to 3 heads stay in registers across the rows.
+void attn_accum_avx2(const float* s, int64_t lds, int nq, int64_t hd, const float* rows, int64_t stride, int64_t len,
+                     float* o) {
+  if (hd % 32 != 0) {
+    for (int64_t j = 0; j < len; ++j)
+      for (int h = 0; h < nq; ++h) axpy_avx2(s[h * lds + j], rows + j * stride, o + h * hd, hd);
+    return;
+  }
+  for (int h0 = 0; h0 < nq; h0 += 3) {
+    const int nh = std::min(3, nq - h0);
+    for (int64_t c = 0; c < hd; c += 32) {
+      __m256 acc[3][4];
+      for (int h = 0; h < nh; ++h)
+        for (int t = 0; t < 4; ++t) acc[h][t] = _mm256_loadu_ps(o + (h0 + h) * hd + c + 8 * t);
+      for (int64_t j = 0; j < len; ++j) {
+        const float* r = rows + j * stride + c;
+        __m256 rv[4];
+        for (int t = 0; t < 4; ++t) rv[t] = _mm256_loadu_ps(r + 8 * t);
+        for (int h = 0; h < nh; ++h) {
+          const __m256 a = _mm256_broadcast_ss(s + (h0 + h) * lds + j);
+          for (int t = 0; t < 4; ++t) acc[h][t] = _mm256_fmadd_ps(a, rv[t], acc[h][t]);
+        }
+      }
+      for (int h = 0; h < nh; ++h)
+        for (int t = 0; t < 4; ++t) _mm256_storeu_ps(o + (h0 + h) * hd + c + 8 * t, acc[h][t]);
+    }
+  }
+}
+
 void axpy_avx2(float a, const float* x, float* y, int64_t n) {
   const __m256 av = _mm256_set1_ps(a);
   int64_t i = 0;
@@ -460,6 +518,8 @@ CpuKernels make_avx2() {
   t.block_sums = block_sums_avx2;
   t.silu_mul = silu_mul_avx2;
   t.exp_sub_sum = exp_sub_sum_avx2;
+  t.attn_scores = attn_scores_avx2;
+  t.attn_accum = attn_accum_avx2;
   return t;
 }
 

@@ -132,6 +132,18 @@ void axpy_scalar(float a, const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
 }
 
+void attn_scores_scalar(const float* q, int nq, int64_t hd, const float* rows, int64_t stride, int64_t len,
+                        float scale, float* s, int64_t lds) {
+  for (int64_t j = 0; j < len; ++j)
+    for (int h = 0; h < nq; ++h) s[h * lds + j] = dot_scalar(q + h * hd, rows + j * stride, hd) * scale;
+}
+
+void attn_accum_scalar(const float* s, int64_t lds, int nq, int64_t hd, const float* rows, int64_t stride,
+                       int64_t len, float* o) {
+  for (int64_t j = 0; j < len; ++j)
+    for (int h = 0; h < nq; ++h) axpy_scalar(s[h * lds + j], rows + j * stride, o + h * hd, hd);
+}
+
 void scale_scalar(float a, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] *= a;
 }
@@ -194,6 +206,8 @@ CpuKernels make_scalar() {
   t.block_sums = block_sums_scalar;
   t.silu_mul = silu_mul_scalar;
   t.exp_sub_sum = exp_sub_sum_scalar;
+  t.attn_scores = attn_scores_scalar;
+  t.attn_accum = attn_accum_scalar;
   return t;
 }
 

@@ -82,6 +82,19 @@ TEST_P(MatmulTest, ForcedPaths) {
   }
 }
 
+// Batched-decode row counts through the panel kernels: every remainder of
+// the activation-row tiling (AVX2 groups of 3, AVX-512 groups of 6) and
+// panels whose row count is not a multiple of the 4-row tile.
+TEST_P(MatmulTest, PanelRowRemainders) {
+  auto be = make_backend(GetParam());
+  be->set_gemv_max_rows(0);
+  uint32_t seed = 700;
+  for (DType t : {DType::kQ4_1, DType::kQ8_0, DType::kF32}) {
+    for (int64_t n = 1; n <= 13; ++n) check_matmul(*be, t, Shape{n, 22, 96}, n % 2 == 0, seed++, 1e-5);
+    check_matmul(*be, t, Shape{32, 48, 576}, false, seed++, 1e-5);
+  }
+}
+
 TEST_P(MatmulTest, LongRowsRelativeTolerance) {
   auto be = make_backend(GetParam());
   uint32_t seed = 900;

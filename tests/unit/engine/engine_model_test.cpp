@@ -1,8 +1,8 @@
 // The engine over the real default model (SmolLM2-135M-Instruct Q4_1 GGUF):
 // every request's greedy output in a batch of 32 mixed-length concurrent
 // requests equals its output alone, and stays identical with prefix caching
-// on/off, chunked prefill on/off and forced preemption; seeded sampling is
-// reproducible across batch compositions. Skipped when the model file is
+// on/off, chunked prefill on/off and forced preemption (recompute or swap to
+// host memory); seeded sampling is reproducible across batch compositions. Skipped when the model file is
 // absent (scripts fetch it into ~/.cache/osprey/models).
 #include <gtest/gtest.h>
 
@@ -164,6 +164,24 @@ TEST_F(EngineModelTest, ForcedPreemptionMatches) {
   EngineConfig c = base_config();
   c.num_kv_blocks = 24;  // 384 tokens for 8 requests of up to ~150 tokens each
   expect_batch_matches(c, 8, true);
+}
+
+TEST_F(EngineModelTest, ForcedPreemptionWithSwapMatches) {
+  EngineConfig c = base_config();
+  c.num_kv_blocks = 24;                    // as ForcedPreemptionMatches
+  c.swap_space_bytes = int64_t{64} << 20;  // room for every preempted sequence
+  auto e = Engine::create(c);
+  ASSERT_TRUE(e.ok()) << e.status().to_string();
+  auto ps = prompts();
+  ps.resize(8);
+  auto got = run_batch(**e, ps, greedy());
+  ASSERT_EQ(got.size(), ps.size());
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], (*alone_)[i]) << "request " << i;
+  auto st = (*e)->stats();
+  EXPECT_GT(st.num_swap_outs, 0);
+  EXPECT_GT(st.num_swap_blocks, 0);
+  EXPECT_EQ(st.num_free_swap_blocks, st.num_swap_blocks);
+  EXPECT_EQ(st.num_free_kv_blocks, st.num_kv_blocks);
 }
 
 TEST_F(EngineModelTest, SeededSamplingReproducibleAcrossBatches) {

@@ -27,6 +27,12 @@ Status FakeExecutor::initialize(int nb, int bs, int mt, int mlr) {
   return Status::Ok();
 }
 
+Status FakeExecutor::initialize_swap(int n) {
+  num_host_blocks = n;
+  host_.assign(static_cast<size_t>(n) * block_size, -1);
+  return Status::Ok();
+}
+
 Expected<const float*> FakeExecutor::execute(const StepBatch& b) {
   if (fail_next) {
     fail_next = false;
@@ -38,9 +44,26 @@ Expected<const float*> FakeExecutor::execute(const StepBatch& b) {
   max_tokens_seen = std::max(max_tokens_seen, b.num_tokens);
   if (b.num_tokens > max_tokens) return internal_error("step larger than reserved");
   if (static_cast<int>(b.logit_rows.size()) > max_logit_rows) return internal_error("too many logit rows");
+  if (!b.swap_out.empty() && !b.swap_in.empty()) return internal_error("swap out and in in one step");
+  for (const BlockCopy& c : b.swap_out) {
+    if (c.src < 0 || c.src >= num_blocks || c.dst < 0 || c.dst >= num_host_blocks)
+      return internal_error("swap-out copy out of range");
+    std::copy_n(slots_.begin() + static_cast<size_t>(c.src) * block_size, block_size,
+                host_.begin() + static_cast<size_t>(c.dst) * block_size);
+  }
+  num_swap_out_pages += static_cast<int64_t>(b.swap_out.size());
   for (const BlockCopy& c : b.copies)
     std::copy_n(slots_.begin() + static_cast<size_t>(c.src) * block_size, block_size,
                 slots_.begin() + static_cast<size_t>(c.dst) * block_size);
+  for (const BlockCopy& c : b.swap_in) {
+    if (c.src < 0 || c.src >= num_host_blocks || c.dst < 0 || c.dst >= num_blocks)
+      return internal_error("swap-in copy out of range");
+    auto h = host_.begin() + static_cast<size_t>(c.src) * block_size;
+    std::copy_n(h, block_size, slots_.begin() + static_cast<size_t>(c.dst) * block_size);
+    std::fill_n(h, block_size, -1);
+  }
+  num_swap_in_pages += static_cast<int64_t>(b.swap_in.size());
+  if (b.num_tokens == 0) return static_cast<const float*>(nullptr);
   for (int t = 0; t < b.num_tokens; ++t) slots_[b.slot_mapping[t]] = b.token_ids[t];
   std::vector<int32_t> history;
   for (size_t r = 0; r < b.logit_rows.size(); ++r) {

@@ -28,8 +28,12 @@ class FakeExecutor final : public Executor {
  public:
   int vocab_size() const override { return kFakeVocab; }
   Status initialize(int num_blocks, int block_size, int max_tokens, int max_logit_rows) override;
+  Status initialize_swap(int num_host_blocks) override;
   Expected<const float*> execute(const StepBatch& batch) override;
 
+  int num_host_blocks = 0;
+  int64_t num_swap_out_pages = 0;
+  int64_t num_swap_in_pages = 0;
   int block_size = 0, num_blocks = 0, max_tokens = 0, max_logit_rows = 0;
   int64_t num_executes = 0;
   int64_t num_copies = 0;
@@ -40,6 +44,9 @@ class FakeExecutor final : public Executor {
 
  private:
   std::vector<int32_t> slots_;
+  // Host swap slots: [num_host_blocks * block_size] token ids; -1 once read
+  // back (a slot is swapped in once per swap-out).
+  std::vector<int32_t> host_;
   std::vector<float> logits_;
 };
 

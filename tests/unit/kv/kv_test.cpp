@@ -151,6 +151,75 @@ TEST(KvManager, ForkSharesAndCopyOnWriteOnlyPartialPage) {
   EXPECT_EQ(kv.num_free_blocks(), 10);
 }
 
+TEST(KvManager, SwapOutAndInCopiesComputedPagesAndAccountsSlots) {
+  KvManager kv(8, 4, true, 1, /*num_swap_blocks=*/3);
+  EXPECT_EQ(kv.num_swap_blocks(), 3);
+  EXPECT_EQ(kv.num_free_swap_blocks(), 3);
+  std::vector<BlockCopy> copies;
+  BlockTable t;
+  ASSERT_TRUE(kv.allocate(t, 0, 10, copies));  // 3 pages, the last holds 2 tokens
+  const std::vector<int32_t> pages = t.blocks;
+  std::vector<int32_t> host;
+  std::vector<BlockCopy> out;
+  ASSERT_TRUE(kv.swap_out(t, 10, host, out));
+  EXPECT_TRUE(t.empty());
+  EXPECT_EQ(kv.num_free_blocks(), 8);
+  EXPECT_EQ(kv.num_free_swap_blocks(), 0);
+  ASSERT_EQ(out.size(), 3u);
+  ASSERT_EQ(host.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(out[i].src, pages[i]);
+    EXPECT_EQ(out[i].dst, host[i]);
+  }
+  // No room for a second table: nothing changes.
+  BlockTable u;
+  ASSERT_TRUE(kv.allocate(u, 0, 1, copies));
+  std::vector<int32_t> host_u;
+  std::vector<BlockCopy> out_u;
+  EXPECT_FALSE(kv.swap_out(u, 1, host_u, out_u));
+  EXPECT_EQ(u.blocks.size(), 1u);
+  EXPECT_TRUE(host_u.empty());
+  EXPECT_TRUE(out_u.empty());
+  kv.free(u);
+  // Swap in with room for 1 more token: 3 pages, copies host[i] -> page i.
+  std::vector<BlockCopy> in;
+  ASSERT_TRUE(kv.swap_in(t, host, 10, 1, in));
+  EXPECT_TRUE(host.empty());
+  EXPECT_EQ(kv.num_free_swap_blocks(), 3);
+  ASSERT_EQ(t.blocks.size(), 3u);
+  ASSERT_EQ(in.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(in[i].src, out[i].dst);
+    EXPECT_EQ(in[i].dst, t.blocks[i]);
+  }
+  EXPECT_EQ(kv.stats().swap_outs, 1);
+  EXPECT_EQ(kv.stats().swap_ins, 1);
+  kv.free(t);
+  EXPECT_EQ(kv.num_free_blocks(), 8);
+}
+
+TEST(KvManager, SwapInWithoutFreePagesChangesNothing) {
+  KvManager kv(3, 4, false, 1, 4);
+  std::vector<BlockCopy> copies;
+  BlockTable t;
+  ASSERT_TRUE(kv.allocate(t, 0, 8, copies));
+  std::vector<int32_t> host;
+  std::vector<BlockCopy> out;
+  ASSERT_TRUE(kv.swap_out(t, 8, host, out));
+  BlockTable other;
+  ASSERT_TRUE(kv.allocate(other, 0, 9, copies));  // takes all 3 pages
+  std::vector<BlockCopy> in;
+  EXPECT_FALSE(kv.swap_in(t, host, 8, 1, in));
+  EXPECT_TRUE(t.empty());
+  EXPECT_EQ(host.size(), 2u);
+  EXPECT_TRUE(in.empty());
+  EXPECT_EQ(kv.num_free_swap_blocks(), 2);
+  kv.drop_swapped(host);
+  EXPECT_EQ(kv.num_free_swap_blocks(), 4);
+  kv.free(other);
+  EXPECT_EQ(kv.num_free_blocks(), 3);
+}
+
 TEST(KvManager, RandomOperationsNeverLeak) {
   std::mt19937 rng(3);
   KvManager kv(64, 4, true, 5);

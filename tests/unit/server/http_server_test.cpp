@@ -2,6 +2,8 @@
 // FakeBackend (no model needed).
 #include <gtest/gtest.h>
 
+#include <atomic>
+
 #include <boost/asio.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/http.hpp>
@@ -338,11 +340,14 @@ TEST_F(ServerTest, ApiKey) {
 TEST_F(ServerTest, BodyLimit413) {
   HttpServerOptions ho;
   ho.max_body_bytes = 1000;
+  auto reported = std::make_shared<std::atomic<int>>(0);
+  ho.on_transport_error = [reported](int status) { reported->store(status); };
   start({}, ho);
   Client c(port_);
   Reply r = c.request("POST", "/v1/completions", std::string(5000, 'x'));
   EXPECT_EQ(r.status, 413);
   EXPECT_EQ(r.json_body()["error"]["code"], "payload_too_large");
+  EXPECT_EQ(reported->load(), 413);  // the transport's own errors reach the metrics hook
   Client c2(port_);
   EXPECT_EQ(c2.request("GET", "/health").status, 200);
 }
@@ -350,11 +355,14 @@ TEST_F(ServerTest, BodyLimit413) {
 TEST_F(ServerTest, SlowClientGets408) {
   HttpServerOptions ho;
   ho.request_timeout = std::chrono::milliseconds(300);
+  auto reported = std::make_shared<std::atomic<int>>(0);
+  ho.on_transport_error = [reported](int status) { reported->store(status); };
   start({}, ho);
   Client c(port_);
   c.send_raw("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"mo");
   Reply r = c.read();
   EXPECT_EQ(r.status, 408);
+  EXPECT_EQ(reported->load(), 408);
   Client c2(port_);
   EXPECT_EQ(c2.request("GET", "/health").status, 200);
 }

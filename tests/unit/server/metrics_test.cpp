@@ -21,6 +21,8 @@ TEST(Metrics, EveryRequiredMetricIsExposed) {
       {"osprey:num_requests_running", "gauge"},
       {"osprey:num_requests_waiting", "gauge"},
       {"osprey:num_preemptions_total", "counter"},
+      {"osprey:num_swap_outs_total", "counter"},
+      {"osprey:cpu_cache_usage_perc", "gauge"},
       {"osprey:kv_cache_usage_perc", "gauge"},
       {"osprey:prefix_cache_queries_total", "counter"},
       {"osprey:prefix_cache_hits_total", "counter"},
@@ -41,6 +43,17 @@ TEST(Metrics, EveryRequiredMetricIsExposed) {
     EXPECT_TRUE(has_line(text, std::string("# TYPE ") + name + " " + type)) << name << "\n" << text;
   // Histograms render even when empty.
   EXPECT_TRUE(has_line(text, "osprey:request_queue_time_seconds_count{model_name=\"m\"} 0")) << text;
+}
+
+TEST(Metrics, SwapUsage) {
+  ServerMetrics m("m");
+  EngineStats s;
+  s.num_swap_blocks = 8;
+  s.num_free_swap_blocks = 6;
+  s.num_swap_outs = 3;
+  const std::string text = m.render(s, ServerGauges{});
+  EXPECT_TRUE(has_line(text, "osprey:cpu_cache_usage_perc{model_name=\"m\"} 0.25")) << text;
+  EXPECT_TRUE(has_line(text, "osprey:num_swap_outs_total{model_name=\"m\"} 3")) << text;
 }
 
 TEST(Metrics, QueueTimePromptAndErrors) {
