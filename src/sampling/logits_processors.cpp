@@ -46,10 +46,24 @@ void apply_frequency_presence(std::span<float> logits, std::span<const int32_t> 
 }
 
 int32_t argmax(std::span<const float> logits) {
-  int32_t best = 0;
-  for (size_t i = 1; i < logits.size(); ++i)
-    if (logits[i] > logits[best]) best = static_cast<int32_t>(i);
-  return best;
+  // Pass 1: the maximum, with 8 independent lanes so the compiler can keep
+  // them in one vector register (no NaN handling needed: a NaN never wins a
+  // comparison, as in the scalar loop). Pass 2: its first index (ties: lowest id).
+  const size_t n = logits.size();
+  if (n == 0) return 0;
+  float lane[8];
+  for (float& l : lane) l = logits[0];
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int j = 0; j < 8; ++j) lane[j] = logits[i + j] > lane[j] ? logits[i + j] : lane[j];
+  }
+  float best = lane[0];
+  for (int j = 1; j < 8; ++j) best = lane[j] > best ? lane[j] : best;
+  for (; i < n; ++i) best = logits[i] > best ? logits[i] : best;
+  for (size_t k = 0; k < n; ++k) {
+    if (logits[k] == best) return static_cast<int32_t>(k);
+  }
+  return 0;  // every value is NaN
 }
 
 void truncate_distribution(std::span<const float> logits, float temperature, float min_p, int top_k,
