@@ -95,6 +95,7 @@ int run_generate(const GenerateOptions& o) {
   }
   const auto end = Clock::now();
   std::printf("\n");
+  std::fflush(stdout);  // the answer ends before the timings line on stderr
   if (!error.ok()) {
     std::fprintf(stderr, "osprey: %s\n", error.to_string().c_str());
     return 1;
