@@ -18,7 +18,7 @@ struct ApiError {
   std::string code;       // "" -> null
   int retry_after_s = 0;  // > 0: sent as a Retry-After header
 
-  nlohmann::json to_json() const;
+  nlohmann::ordered_json to_json() const;
 };
 
 ApiError bad_request(std::string message, std::string param = "", std::string code = "");

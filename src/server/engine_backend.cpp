@@ -22,8 +22,8 @@ class EngineBackend final : public GenerationBackend {
   std::string decode(std::span<const int32_t> ids, bool skip_special_tokens) const override {
     return text_->decode(ids, skip_special_tokens);
   }
-  Expected<std::string> apply_chat_template(const nlohmann::json& messages, const nlohmann::json& tools,
-                                            bool add_generation_prompt, const nlohmann::json& extra) const override {
+  Expected<std::string> apply_chat_template(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
+                                            bool add_generation_prompt, const nlohmann::ordered_json& extra) const override {
     if (!text_->has_chat_template())
       return invalid_argument("this model has no chat template; use /v1/completions instead");
     return text_->apply_chat_template(messages, tools, add_generation_prompt, extra);

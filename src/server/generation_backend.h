@@ -23,8 +23,8 @@ class GenerationBackend {
   virtual ModelInfo model_info() const = 0;
   virtual std::vector<int32_t> encode(std::string_view text, bool add_special_tokens) const = 0;
   virtual std::string decode(std::span<const int32_t> ids, bool skip_special_tokens) const = 0;
-  virtual Expected<std::string> apply_chat_template(const nlohmann::json& messages, const nlohmann::json& tools,
-                                                    bool add_generation_prompt, const nlohmann::json& extra) const = 0;
+  virtual Expected<std::string> apply_chat_template(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
+                                                    bool add_generation_prompt, const nlohmann::ordered_json& extra) const = 0;
   virtual void shutdown() = 0;
 };
 

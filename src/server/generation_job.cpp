@@ -6,7 +6,7 @@
 
 namespace osprey::server {
 
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;
 
 GenerationJob::GenerationJob(GenerationRequest request, std::vector<Prompt> prompts, ResponseMeta meta,
                              std::shared_ptr<ResponseWriter> writer, std::shared_ptr<GenerationBackend> backend,

@@ -54,7 +54,7 @@ class GenerationJob : public std::enable_shared_from_this<GenerationJob> {
  private:
   struct Choice {
     std::string text;
-    nlohmann::json logprobs;  // accumulated (non-streaming)
+    nlohmann::ordered_json logprobs;  // accumulated (non-streaming)
     size_t lp_offset = 0;     // completions text_offset of the next token
     FinishReason finish = FinishReason::kNone;
     bool echoed = false;
@@ -73,10 +73,10 @@ class GenerationJob : public std::enable_shared_from_this<GenerationJob> {
   void on_output(size_t sub, const RequestOutput& out);
   void process_locked(size_t sub, const RequestOutput& out);
   void dequeue_locked();
-  void handle_echo(size_t sub, int choice, const RequestOutput& out, std::string& text, nlohmann::json& lp);
+  void handle_echo(size_t sub, int choice, const RequestOutput& out, std::string& text, nlohmann::ordered_json& lp);
   void finish_locked();
   Usage total_usage_locked() const;
-  void emit(const nlohmann::json& chunk);
+  void emit(const nlohmann::ordered_json& chunk);
 
   GenerationRequest req_;
   std::vector<Prompt> prompts_;

@@ -37,14 +37,14 @@ int max_depth(std::string_view body, int limit) {
 
 }  // namespace
 
-ApiResult<nlohmann::json> parse_json_object(std::string_view body) {
+ApiResult<nlohmann::ordered_json> parse_json_object(std::string_view body) {
   if (body.empty()) return bad_request("The request body is empty; expected a JSON object.");
   if (max_depth(body, kMaxJsonDepth) > kMaxJsonDepth)
     return bad_request("The request body nests JSON deeper than " + std::to_string(kMaxJsonDepth) + " levels.");
-  nlohmann::json j;
+  nlohmann::ordered_json j;
   try {
-    j = nlohmann::json::parse(body);
-  } catch (const nlohmann::json::exception& e) {
+    j = nlohmann::ordered_json::parse(body);
+  } catch (const nlohmann::ordered_json::exception& e) {
     const std::string why = e.what();
     if (why.find("UTF-8") != std::string::npos || why.find("surrogate") != std::string::npos)
       return bad_request("The request body is not valid UTF-8 JSON (" + why + ").");
@@ -55,8 +55,8 @@ ApiResult<nlohmann::json> parse_json_object(std::string_view body) {
   return j;
 }
 
-std::string dump_json(const nlohmann::json& j) {
-  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+std::string dump_json(const nlohmann::ordered_json& j) {
+  return j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
 }
 
 bool is_valid_utf8(std::string_view s) {

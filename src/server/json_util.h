@@ -17,10 +17,10 @@ inline constexpr int kMaxJsonDepth = 64;
 // Parses a request body that must be a JSON object. Errors (400) for
 // malformed or truncated JSON, invalid UTF-8, lone surrogate escapes,
 // nesting deeper than kMaxJsonDepth and non-object roots.
-ApiResult<nlohmann::json> parse_json_object(std::string_view body);
+ApiResult<nlohmann::ordered_json> parse_json_object(std::string_view body);
 
 // dump() that never throws: invalid UTF-8 becomes U+FFFD.
-std::string dump_json(const nlohmann::json& j);
+std::string dump_json(const nlohmann::ordered_json& j);
 
 // True when `s` is well-formed UTF-8 (no surrogates, no overlongs).
 bool is_valid_utf8(std::string_view s);

@@ -6,7 +6,7 @@
 
 namespace osprey::server {
 
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;
 
 double json_logprob(float lp) {
   if (std::isnan(lp) || lp < -9999.0f) return -9999.0;

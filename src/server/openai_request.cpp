@@ -9,7 +9,7 @@ namespace osprey::server {
 
 namespace {
 
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;
 using Err = std::optional<ApiError>;
 
 #define OSP_API_TRY(expr)           \

@@ -29,9 +29,9 @@ struct GenerationRequest {
   std::string model;
   // Chat: validated messages (array of objects with a known role), tools
   // (null or array), extra template variables (object).
-  nlohmann::json messages;
-  nlohmann::json tools;
-  nlohmann::json chat_template_kwargs = nlohmann::json::object();
+  nlohmann::ordered_json messages;
+  nlohmann::ordered_json tools;
+  nlohmann::ordered_json chat_template_kwargs = nlohmann::ordered_json::object();
   bool add_generation_prompt = true;
   // Completions: one engine request per prompt (choices prompt-major).
   std::vector<PromptSpec> prompts;
@@ -54,28 +54,28 @@ struct ParseLimits {
   int max_stop = 16;      // stop strings at most
 };
 
-ApiResult<GenerationRequest> parse_chat_request(const nlohmann::json& body, const ParseLimits& limits);
-ApiResult<GenerationRequest> parse_completion_request(const nlohmann::json& body, const ParseLimits& limits);
+ApiResult<GenerationRequest> parse_chat_request(const nlohmann::ordered_json& body, const ParseLimits& limits);
+ApiResult<GenerationRequest> parse_completion_request(const nlohmann::ordered_json& body, const ParseLimits& limits);
 
 // vLLM's /tokenize: {"model"?, "prompt"} or {"model"?, "messages", "add_generation_prompt"?}.
 struct TokenizeRequest {
   std::string model;
   bool is_chat = false;
   std::string prompt;
-  nlohmann::json messages;
-  nlohmann::json tools;
-  nlohmann::json chat_template_kwargs = nlohmann::json::object();
+  nlohmann::ordered_json messages;
+  nlohmann::ordered_json tools;
+  nlohmann::ordered_json chat_template_kwargs = nlohmann::ordered_json::object();
   bool add_generation_prompt = true;
   bool add_special_tokens = true;  // chat: false unless given
   bool return_token_strs = false;
 };
-ApiResult<TokenizeRequest> parse_tokenize_request(const nlohmann::json& body, const ParseLimits& limits);
+ApiResult<TokenizeRequest> parse_tokenize_request(const nlohmann::ordered_json& body, const ParseLimits& limits);
 
 // vLLM's /detokenize: {"model"?, "tokens": [ids]}.
 struct DetokenizeRequest {
   std::string model;
   std::vector<int32_t> tokens;
 };
-ApiResult<DetokenizeRequest> parse_detokenize_request(const nlohmann::json& body, const ParseLimits& limits);
+ApiResult<DetokenizeRequest> parse_detokenize_request(const nlohmann::ordered_json& body, const ParseLimits& limits);
 
 }  // namespace osprey::server

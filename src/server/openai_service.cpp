@@ -8,7 +8,7 @@
 
 namespace osprey::server {
 
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;
 
 namespace {
 

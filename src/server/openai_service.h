@@ -52,7 +52,7 @@ class OpenAIService {
   std::shared_ptr<ServerMetrics> metrics() const { return metrics_; }
 
  private:
-  void respond(const std::shared_ptr<ResponseWriter>& w, int status, const nlohmann::json& body,
+  void respond(const std::shared_ptr<ResponseWriter>& w, int status, const nlohmann::ordered_json& body,
                std::vector<std::pair<std::string, std::string>> headers = {});
   void respond_error(const std::shared_ptr<ResponseWriter>& w, const ApiError& e);
   std::shared_ptr<GenerationBackend> backend() const;

@@ -21,7 +21,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   ParseLimits limits;
   limits.vocab_size = 49152;
-  const nlohmann::json& j = *parsed.value;
+  const nlohmann::ordered_json& j = *parsed.value;
   if (auto chat = parse_chat_request(j, limits); chat.ok()) {
     (void)sse_event(chat_chunk({"chatcmpl-x", 0, chat.value->model, "fp"}, 0, {{"content", chat.value->user}}, nullptr,
                                osprey::FinishReason::kNone, chat.value->include_usage));
@@ -29,7 +29,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     (void)dump_json(chat.error->to_json());
   }
   if (auto comp = parse_completion_request(j, limits); comp.ok()) {
-    for (const PromptSpec& p : comp.value->prompts) (void)sse_event(nlohmann::json(p.text));
+    for (const PromptSpec& p : comp.value->prompts) (void)sse_event(nlohmann::ordered_json(p.text));
   } else {
     (void)dump_json(comp.error->to_json());
   }

@@ -121,8 +121,8 @@ class FakeBackend : public GenerationBackend {
     }
     return s;
   }
-  Expected<std::string> apply_chat_template(const nlohmann::json& messages, const nlohmann::json&, bool add_gen,
-                                            const nlohmann::json&) const override {
+  Expected<std::string> apply_chat_template(const nlohmann::ordered_json& messages, const nlohmann::ordered_json&, bool add_gen,
+                                            const nlohmann::ordered_json&) const override {
     std::string s;
     for (const auto& m : messages) s += m["role"].get<std::string>() + ": " + m.value("content", std::string()) + "\n";
     if (add_gen) s += "assistant:";

@@ -19,7 +19,7 @@ namespace {
 namespace asio = boost::asio;
 namespace http = boost::beast::http;
 using tcp = asio::ip::tcp;
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;
 using testing::FakeBackend;
 
 struct Reply {

@@ -9,7 +9,7 @@
 namespace osprey::server {
 namespace {
 
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;
 
 ResponseMeta meta() {
   return {"chatcmpl-x", 1700000000, "m", "fp_test"};

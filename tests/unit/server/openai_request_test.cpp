@@ -7,7 +7,7 @@
 namespace osprey::server {
 namespace {
 
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;
 
 ParseLimits limits() {
   ParseLimits l;
@@ -276,7 +276,7 @@ TEST(JsonUtil, Utf8AndIds) {
   EXPECT_FALSE(is_valid_utf8("\xed\xa0\x80"));      // encoded surrogate
   EXPECT_FALSE(is_valid_utf8("\xe2\x82"));          // truncated
   EXPECT_FALSE(is_valid_utf8("\xf4\x90\x80\x80"));  // > U+10FFFF
-  EXPECT_EQ(dump_json(nlohmann::json("\xff")), "\"\xef\xbf\xbd\"");
+  EXPECT_EQ(dump_json(nlohmann::ordered_json("\xff")), "\"\xef\xbf\xbd\"");
   const std::string a = random_id("chatcmpl-"), b = random_id("chatcmpl-");
   EXPECT_EQ(a.rfind("chatcmpl-", 0), 0u);
   EXPECT_EQ(a.size(), 9u + 24u);
