@@ -1,5 +1,8 @@
 #include "core/dtype.h"
 
+#include <algorithm>
+#include <cmath>
+
 #include "core/check.h"
 
 namespace osprey {
@@ -77,6 +80,62 @@ void dequantize_row(DType t, const void* src, float* out, int64_t cols) {
     }
     default:
       OSP_CHECK_MSG(false, "dequantize_row: unsupported dtype " << dtype_name(t));
+  }
+}
+
+void quantize_row(DType t, const float* x, void* dst, int64_t cols) {
+  switch (t) {
+    case DType::kF32:
+      std::memcpy(dst, x, static_cast<size_t>(cols) * 4);
+      return;
+    case DType::kF16:
+    case DType::kBF16: {
+      auto* p = static_cast<uint16_t*>(dst);
+      for (int64_t i = 0; i < cols; ++i) p[i] = t == DType::kF16 ? f32_to_fp16(x[i]) : f32_to_bf16(x[i]);
+      return;
+    }
+    case DType::kQ8_0:
+    case DType::kQ4_0:
+    case DType::kQ4_1:
+      break;
+    default:
+      OSP_CHECK_MSG(false, "quantize_row: unsupported dtype " << dtype_name(t));
+  }
+  auto nibbles = [](int q0, int q1) { return static_cast<uint8_t>(std::clamp(q0, 0, 15) | std::clamp(q1, 0, 15) << 4); };
+  for (int64_t b = 0; b < cols / kQuantBlock; ++b) {
+    const float* xb = x + b * kQuantBlock;
+    float mn = xb[0], mx = xb[0], amax = 0.0f, signed_max = 0.0f;
+    for (int j = 0; j < kQuantBlock; ++j) {
+      mn = std::min(mn, xb[j]);
+      mx = std::max(mx, xb[j]);
+      if (std::fabs(xb[j]) > amax) {
+        amax = std::fabs(xb[j]);
+        signed_max = xb[j];
+      }
+    }
+    if (t == DType::kQ8_0) {
+      auto* blk = static_cast<BlockQ8_0*>(dst) + b;
+      const float d = amax / 127.0f, id = d ? 1.0f / d : 0.0f;
+      blk->d = f32_to_fp16(d);
+      for (int j = 0; j < kQuantBlock; ++j) blk->qs[j] = static_cast<int8_t>(std::lround(xb[j] * id));
+    } else if (t == DType::kQ4_0) {
+      auto* blk = static_cast<BlockQ4_0*>(dst) + b;
+      const float d = signed_max / -8.0f, id = d ? 1.0f / d : 0.0f;
+      blk->d = f32_to_fp16(d);
+      for (int j = 0; j < 16; ++j) {
+        blk->qs[j] = nibbles(static_cast<int>(std::lround(xb[j] * id + 8.0f)),
+                             static_cast<int>(std::lround(xb[j + 16] * id + 8.0f)));
+      }
+    } else {
+      auto* blk = static_cast<BlockQ4_1*>(dst) + b;
+      const float d = (mx - mn) / 15.0f, id = d ? 1.0f / d : 0.0f;
+      blk->d = f32_to_fp16(d);
+      blk->m = f32_to_fp16(mn);
+      for (int j = 0; j < 16; ++j) {
+        blk->qs[j] = nibbles(static_cast<int>(std::lround((xb[j] - mn) * id)),
+                             static_cast<int>(std::lround((xb[j + 16] - mn) * id)));
+      }
+    }
   }
 }
 

@@ -155,4 +155,11 @@ inline uint16_t f32_to_bf16(float f) {
 // the loader; backends have their own fast paths.
 void dequantize_row(DType t, const void* src, float* out, int64_t cols);
 
+// Quantise one row of `cols` floats into dtype t (F32, F16, BF16 or a block
+// type; cols a multiple of 32 for the block types) with the usual GGUF
+// recipes: Q8_0 d = amax/127; Q4_0 d = (value of largest magnitude)/-8,
+// q = round(x/d + 8); Q4_1 d = (max-min)/15, m = min. dst holds
+// dtype_row_bytes(t, cols) bytes. Used by tests and benchmarks.
+void quantize_row(DType t, const float* src, void* dst, int64_t cols);
+
 }  // namespace osprey

@@ -33,55 +33,9 @@ inline std::vector<float> random_floats(size_t n, uint32_t seed, float lo = -1.0
 // Packs rows x cols floats as dtype t (GGUF-style quantisers; cols % 32 == 0
 // for the quantised types).
 inline std::vector<uint8_t> pack(DType t, const std::vector<float>& src, int64_t rows, int64_t cols) {
-  std::vector<uint8_t> out(static_cast<size_t>(dtype_row_bytes(t, cols) * rows));
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* x = src.data() + r * cols;
-    uint8_t* dst = out.data() + r * dtype_row_bytes(t, cols);
-    if (t == DType::kF32) {
-      std::memcpy(dst, x, static_cast<size_t>(cols) * 4);
-    } else if (t == DType::kF16 || t == DType::kBF16) {
-      auto* p = reinterpret_cast<uint16_t*>(dst);
-      for (int64_t i = 0; i < cols; ++i) p[i] = t == DType::kF16 ? f32_to_fp16(x[i]) : f32_to_bf16(x[i]);
-    } else {
-      for (int64_t b = 0; b < cols / 32; ++b) {
-        const float* xb = x + b * 32;
-        float mn = xb[0], mx = xb[0], amax = 0.0f, signed_max = 0.0f;
-        for (int j = 0; j < 32; ++j) {
-          mn = std::min(mn, xb[j]);
-          mx = std::max(mx, xb[j]);
-          if (std::fabs(xb[j]) > amax) {
-            amax = std::fabs(xb[j]);
-            signed_max = xb[j];
-          }
-        }
-        if (t == DType::kQ8_0) {
-          auto* blk = reinterpret_cast<BlockQ8_0*>(dst) + b;
-          const float d = amax / 127.0f, id = d ? 1.0f / d : 0.0f;
-          blk->d = f32_to_fp16(d);
-          for (int j = 0; j < 32; ++j) blk->qs[j] = static_cast<int8_t>(std::lround(xb[j] * id));
-        } else if (t == DType::kQ4_0) {
-          auto* blk = reinterpret_cast<BlockQ4_0*>(dst) + b;
-          const float d = signed_max / -8.0f, id = d ? 1.0f / d : 0.0f;
-          blk->d = f32_to_fp16(d);
-          for (int j = 0; j < 16; ++j) {
-            const int q0 = std::clamp(static_cast<int>(std::lround(xb[j] * id + 8.0f)), 0, 15);
-            const int q1 = std::clamp(static_cast<int>(std::lround(xb[j + 16] * id + 8.0f)), 0, 15);
-            blk->qs[j] = static_cast<uint8_t>(q0 | (q1 << 4));
-          }
-        } else {
-          auto* blk = reinterpret_cast<BlockQ4_1*>(dst) + b;
-          const float d = (mx - mn) / 15.0f, id = d ? 1.0f / d : 0.0f;
-          blk->d = f32_to_fp16(d);
-          blk->m = f32_to_fp16(mn);
-          for (int j = 0; j < 16; ++j) {
-            const int q0 = std::clamp(static_cast<int>(std::lround((xb[j] - mn) * id)), 0, 15);
-            const int q1 = std::clamp(static_cast<int>(std::lround((xb[j + 16] - mn) * id)), 0, 15);
-            blk->qs[j] = static_cast<uint8_t>(q0 | (q1 << 4));
-          }
-        }
-      }
-    }
-  }
+  const int64_t row_bytes = dtype_row_bytes(t, cols);
+  std::vector<uint8_t> out(static_cast<size_t>(row_bytes * rows));
+  for (int64_t r = 0; r < rows; ++r) quantize_row(t, src.data() + r * cols, out.data() + r * row_bytes, cols);
   return out;
 }
 

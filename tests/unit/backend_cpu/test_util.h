@@ -31,78 +31,9 @@ inline std::vector<float> random_floats(size_t n, uint32_t seed, float lo = -1.0
 // Packs rows x cols floats (row-major) as dtype t; cols % 32 == 0 for the
 // quantised types. Quantisers follow the usual GGUF recipes.
 inline std::vector<uint8_t> pack(DType t, const std::vector<float>& src, int64_t rows, int64_t cols) {
-  std::vector<uint8_t> out(static_cast<size_t>(dtype_row_bytes(t, cols) * rows));
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* x = src.data() + r * cols;
-    uint8_t* dst = out.data() + r * dtype_row_bytes(t, cols);
-    switch (t) {
-      case DType::kF32:
-        std::memcpy(dst, x, static_cast<size_t>(cols) * 4);
-        break;
-      case DType::kF16:
-      case DType::kBF16: {
-        auto* p = reinterpret_cast<uint16_t*>(dst);
-        for (int64_t i = 0; i < cols; ++i) p[i] = t == DType::kF16 ? f32_to_fp16(x[i]) : f32_to_bf16(x[i]);
-        break;
-      }
-      case DType::kQ8_0: {
-        auto* b = reinterpret_cast<BlockQ8_0*>(dst);
-        for (int64_t k = 0; k < cols / 32; ++k) {
-          float amax = 0.0f;
-          for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[k * 32 + j]));
-          const float d = amax / 127.0f;
-          const float id = d ? 1.0f / d : 0.0f;
-          b[k].d = f32_to_fp16(d);
-          for (int j = 0; j < 32; ++j) b[k].qs[j] = static_cast<int8_t>(std::lround(x[k * 32 + j] * id));
-        }
-        break;
-      }
-      case DType::kQ4_0: {
-        auto* b = reinterpret_cast<BlockQ4_0*>(dst);
-        for (int64_t k = 0; k < cols / 32; ++k) {
-          float amax = 0.0f, mx = 0.0f;
-          for (int j = 0; j < 32; ++j) {
-            const float v = x[k * 32 + j];
-            if (std::fabs(v) > amax) {
-              amax = std::fabs(v);
-              mx = v;
-            }
-          }
-          const float d = mx / -8.0f;
-          const float id = d ? 1.0f / d : 0.0f;
-          b[k].d = f32_to_fp16(d);
-          for (int j = 0; j < 16; ++j) {
-            const int q0 = std::clamp(static_cast<int>(std::lround(x[k * 32 + j] * id + 8.0f)), 0, 15);
-            const int q1 = std::clamp(static_cast<int>(std::lround(x[k * 32 + j + 16] * id + 8.0f)), 0, 15);
-            b[k].qs[j] = static_cast<uint8_t>(q0 | (q1 << 4));
-          }
-        }
-        break;
-      }
-      case DType::kQ4_1: {
-        auto* b = reinterpret_cast<BlockQ4_1*>(dst);
-        for (int64_t k = 0; k < cols / 32; ++k) {
-          float mn = x[k * 32], mx = x[k * 32];
-          for (int j = 0; j < 32; ++j) {
-            mn = std::min(mn, x[k * 32 + j]);
-            mx = std::max(mx, x[k * 32 + j]);
-          }
-          const float d = (mx - mn) / 15.0f;
-          const float id = d ? 1.0f / d : 0.0f;
-          b[k].d = f32_to_fp16(d);
-          b[k].m = f32_to_fp16(mn);
-          for (int j = 0; j < 16; ++j) {
-            const int q0 = std::clamp(static_cast<int>(std::lround((x[k * 32 + j] - mn) * id)), 0, 15);
-            const int q1 = std::clamp(static_cast<int>(std::lround((x[k * 32 + j + 16] - mn) * id)), 0, 15);
-            b[k].qs[j] = static_cast<uint8_t>(q0 | (q1 << 4));
-          }
-        }
-        break;
-      }
-      default:
-        ADD_FAILURE() << "pack: unsupported dtype";
-    }
-  }
+  const int64_t row_bytes = dtype_row_bytes(t, cols);
+  std::vector<uint8_t> out(static_cast<size_t>(row_bytes * rows));
+  for (int64_t r = 0; r < rows; ++r) quantize_row(t, src.data() + r * cols, out.data() + r * row_bytes, cols);
   return out;
 }
 
