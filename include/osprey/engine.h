@@ -29,11 +29,30 @@ class TextProcessor;
 struct EngineConfig {
   std::string model_path;        // HF folder, .gguf file, or "default"
   std::string device = "cpu";    // "cpu", or "cuda" / "cuda:N" in builds with the CUDA backend
+  // "auto" (safetensors or GGUF by path) or "dummy": random weights of the
+  // right shapes from a config alone (model_path: a bundled config name such
+  // as "llama-3-8b", a config.json, or a folder holding one), for benchmarks.
   std::string load_format = "auto";
+  // Compute (activation) dtype: "auto", "float32", "bfloat16" or "float16".
+  // "auto": float32 on the CPU; bfloat16 on CUDA.
+  std::string dtype = "auto";
+  // Tokenizer: "" (the model's own), "default", a folder, a tokenizer.json or
+  // a .gguf. A dummy model without one accepts token ids only.
+  std::string tokenizer;
+  // KV page dtype: "auto" (the compute dtype), "float32", "bfloat16", "float16".
+  std::string kv_cache_dtype = "auto";
+  // CUDA: fraction of the device's total memory the engine may hold (weights,
+  // step buffers, KV pool). The KV pool gets what is left after a profiling
+  // forward at max_num_batched_tokens, unless kv_cache_bytes or num_kv_blocks
+  // is set explicitly (kv_cache_bytes_explicit).
+  double gpu_memory_utilization = 0.90;
+  // CUDA: run decode steps eagerly instead of replaying captured graphs.
+  bool enforce_eager = false;
   int num_threads = 0;           // backend compute threads; <= 0: all cores
   int block_size = 16;           // tokens per KV page
   // KV pool size: num_kv_blocks when > 0, else kv_cache_bytes / (block_size * bytes per token).
   int64_t kv_cache_bytes = int64_t{1} << 30;
+  bool kv_cache_bytes_explicit = false;  // set by --kv-cache-mb: overrides gpu_memory_utilization sizing
   int num_kv_blocks = 0;
   int max_num_batched_tokens = 2048;  // token budget of one step
   int max_num_seqs = 256;             // running sequences at most
