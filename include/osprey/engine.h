@@ -48,6 +48,10 @@ struct EngineConfig {
   double gpu_memory_utilization = 0.90;
   // CUDA: run decode steps eagerly instead of replaying captured graphs.
   bool enforce_eager = false;
+  // CPU: quantise activations to 8 bits inside matmuls with 8/4-bit
+  // quantised weights (llama.cpp's method): faster, but logits no longer
+  // match the fp32 reference exactly. Off by default.
+  bool quantize_activations = false;
   int num_threads = 0;           // backend compute threads; <= 0: all cores
   int block_size = 16;           // tokens per KV page
   // KV pool size: num_kv_blocks when > 0, else kv_cache_bytes / (block_size * bytes per token).
