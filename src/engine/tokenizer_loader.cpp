@@ -46,6 +46,12 @@ Expected<GgufVocab> gguf_vocab_from_file(const GgufFile& g) {
 }
 
 Expected<std::unique_ptr<Tokenizer>> load_tokenizer_for_model(const Model& model) {
+  const std::string& chosen = model.load_options().tokenizer;
+  if (!chosen.empty()) return load_tokenizer_from_path(chosen);
+  if (model.is_dummy()) {
+    return not_found("the dummy model '" + model.path() +
+                     "' has no tokenizer: give one (--tokenizer) or send token ids");
+  }
   if (const GgufFile* g = model.gguf()) {
     OSP_ASSIGN_OR_RETURN(GgufVocab v, gguf_vocab_from_file(*g));
     return Tokenizer::from_gguf_vocab(v);
@@ -62,6 +68,53 @@ Expected<std::unique_ptr<Tokenizer>> load_tokenizer_from_path(const std::string&
     return Tokenizer::from_gguf_vocab(v);
   }
   return Tokenizer::from_path(path);
+}
+
+namespace {
+
+class IdDecoder final : public StreamDecoder {
+ public:
+  std::string step(int32_t id) override { return "<" + std::to_string(id) + ">"; }
+  std::string finish() override { return {}; }
+};
+
+class IdCodec final : public TextCodec {
+ public:
+  explicit IdCodec(int32_t eos) : eos_(eos) {}
+  std::vector<int32_t> encode(std::string_view, bool) const override { return {}; }
+  std::string decode(std::span<const int32_t> ids, bool) const override {
+    std::string out;
+    for (int32_t id : ids) out += "<" + std::to_string(id) + ">";
+    return out;
+  }
+  std::unique_ptr<StreamDecoder> stream_decoder(bool, std::span<const int32_t>) const override {
+    return std::make_unique<IdDecoder>();
+  }
+  std::optional<int32_t> eos_id() const override {
+    return eos_ >= 0 ? std::optional<int32_t>(eos_) : std::nullopt;
+  }
+
+ private:
+  int32_t eos_;
+};
+
+}  // namespace
+
+std::unique_ptr<TextCodec> make_id_codec(int32_t eos_id) {
+  return std::make_unique<IdCodec>(eos_id);
+}
+
+Expected<ModelText> load_model_text(const Model& model) {
+  ModelText text;
+  if (model.is_dummy() && model.load_options().tokenizer.empty()) {
+    const auto& eos = model.config().eos_token_ids;
+    text.codec = make_id_codec(eos.empty() ? -1 : eos.front());
+    return text;
+  }
+  OSP_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer, load_tokenizer_for_model(model));
+  text.tokenizer = std::shared_ptr<const Tokenizer>(std::move(tokenizer));
+  text.codec = make_tokenizer_codec(text.tokenizer);
+  return text;
 }
 
 }  // namespace osprey

@@ -2,12 +2,16 @@
 
 #include <cmath>
 #include <cstring>
+#include <algorithm>
 #include <map>
+#include <optional>
 
 #include "core/check.h"
+#include "loader/dummy_weights.h"
 #include "loader/gguf_file.h"
 #include "loader/weights.h"
 #include "model/arch_registry.h"
+#include "model/builtin_configs.h"
 #include "ops/rope_freq.h"
 
 namespace osprey {
@@ -16,9 +20,11 @@ namespace {
 
 // One decoder layer's weights. Optional tensors are undefined when absent.
 struct LayerWeights {
-  Tensor attn_norm;  // [d] F32
-  Tensor wq, wk, wv;  // [hq*hd, d], [hk*hd, d], [hk*hd, d]
-  Tensor bq, bk, bv;  // F32 biases or undefined
+  Tensor attn_norm;       // [d] F32
+  Tensor w_qkv;           // [(hq + 2 hk) * hd, d]: q rows, k rows, v rows (fused)
+  Tensor b_qkv;           // [(hq + 2 hk) * hd] F32 or undefined
+  Tensor wq, wk, wv;      // unfused (only when q/k/v differ in dtype): [hq*hd, d], [hk*hd, d], [hk*hd, d]
+  Tensor bq, bk, bv;      // F32 biases of the unfused path or undefined
   Tensor q_norm, k_norm;  // [hd] F32 or undefined
   Tensor wo;              // [d, hq*hd]
   Tensor ffn_norm;        // [d] F32
@@ -26,12 +32,13 @@ struct LayerWeights {
   Tensor w_down;          // [d, f]
 };
 
-// Step buffers on the backend, sized by reserve().
+// Step buffers on the backend, sized by reserve(); activations in the
+// model's activation dtype, logits F32.
 struct Workspace {
   int max_tokens = 0;
   int max_logit_rows = 0;
   std::vector<void*> allocations;
-  Tensor resid, normed, q, k, v, attn, proj, gate_up, act, sel, logits;
+  Tensor resid, normed, qkv, q, k, v, attn, proj, gate_up, act, sel, logits;
 };
 
 }  // namespace
@@ -43,11 +50,12 @@ struct Model::Impl {
   Tensor final_norm;  // [d] F32
   Tensor lm_head;     // [vocab, d]
   std::vector<LayerWeights> layers;
+  bool any_unfused = false;  // some layer keeps separate q/k/v projections
   std::vector<float> inv_freq_host;
   float* inv_freq = nullptr;  // on the backend's device
   ops::RopeTable rope;
   std::vector<std::vector<uint8_t>> owned;  // converted / fused host tensors
-  std::vector<void*> device_allocations;    // uploaded weights (non-CPU backends)
+  std::vector<void*> device_allocations;    // uploaded weights (non-CPU backends, dummy weights)
   Workspace ws;
   std::map<std::string, int> dtype_counts;
   size_t weight_bytes = 0;
@@ -69,69 +77,212 @@ std::vector<std::pair<std::string, int>> Model::weight_dtype_counts() const {
 
 size_t Model::weight_bytes() const { return impl_->weight_bytes; }
 
+Expected<DType> parse_dtype_option(const std::string& value, DType automatic, const char* what) {
+  if (value.empty() || value == "auto") return automatic;
+  if (value == "float32" || value == "fp32" || value == "f32") return DType::kF32;
+  if (value == "bfloat16" || value == "bf16") return DType::kBF16;
+  if (value == "float16" || value == "fp16" || value == "f16" || value == "half") return DType::kF16;
+  return invalid_argument(std::string(what) + " must be auto, float32, bfloat16 or float16, got '" + value + "'");
+}
+
 namespace {
 
-// Binds and checks weights by name. Collects the first error.
-class Binder {
- public:
-  Binder(LoadedWeights& w, std::vector<std::vector<uint8_t>>& owned, const std::string& origin)
-      : w_(w), owned_(owned), origin_(origin) {}
+constexpr size_t kStagingBytes = size_t{64} << 20;  // host -> device conversion chunks
 
-  // A tensor of the given shape, any dtype the backend can multiply with.
-  Tensor matrix(const std::string& name, int64_t rows, int64_t cols, bool required = true) {
+bool is_float_dtype(DType t) {
+  return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16;
+}
+
+// One source piece of a weight: a tensor of the loaded file (host memory) or
+// a dummy fill (host == nullptr).
+struct Part {
+  const Tensor* host = nullptr;
+  DummyFill fill;
+  int64_t rows = 0, cols = 0;  // vectors: rows = length, cols = 1
+  DType dtype = DType::kF32;   // storage dtype of the source
+};
+
+// Finds, checks and places weights on the backend. Matrices of float dtypes
+// become the activation dtype on non-CPU backends computing in BF16 (F32
+// compute keeps the file's dtypes, as the exact fp32 mode); quantised
+// matrices stay packed; vectors (norms, biases) are F32. Fused weights
+// (QKV, gate/up) are concatenated straight into one device allocation,
+// converting in 64 MiB chunks, so no host copy of the model is made. Dummy
+// weights are filled in place by the backend. Collects the first error.
+// Where placed weights and their bookkeeping go (parts of Model::Impl).
+struct WeightStore {
+  const LoadedWeights& weights;
+  std::vector<std::vector<uint8_t>>& owned;
+  std::vector<void*>& device_allocations;
+  std::map<std::string, int>& dtype_counts;
+  size_t& weight_bytes;
+};
+
+class WeightBuilder {
+ public:
+  WeightBuilder(ops::Backend& be, WeightStore m, DType act, bool dummy, uint64_t seed, const ModelConfig& c,
+                bool want_bias, std::string origin)
+      : be_(be), m_(m), act_(act), dummy_(dummy), seed_(seed), c_(c), want_bias_(want_bias),
+        origin_(std::move(origin)) {}
+  ~WeightBuilder() {
+    if (staging_) be_.free(staging_);
+  }
+  WeightBuilder(const WeightBuilder&) = delete;
+  WeightBuilder& operator=(const WeightBuilder&) = delete;
+
+  bool has(const std::string& name) const {
+    if (!dummy_) return m_.weights.tensors.count(name) != 0;
+    if (name == "lm_head.weight") return !c_.tie_word_embeddings;
+    if (name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0) return want_bias_;
+    return true;
+  }
+
+  // A matrix [rows, cols] source, checked; nullopt (and maybe an error) when absent.
+  std::optional<Part> matrix_part(const std::string& name, int64_t rows, int64_t cols, bool required = true) {
+    if (dummy_) return Part{nullptr, dummy_fill(name, seed_), rows, cols, act_};
     const Tensor* t = find(name, required);
-    if (!t) return {};
+    if (!t) return std::nullopt;
     if (t->ndim() != 2 || t->dim(0) != rows || t->dim(1) != cols) {
       fail(name, "has shape " + t->shape_string() + ", expected [" + std::to_string(rows) + ", " +
                      std::to_string(cols) + "]");
-      return {};
+      return std::nullopt;
     }
     if (t->dtype() == DType::kI32 || t->dtype() == DType::kI64 || t->dtype() == DType::kU8) {
       fail(name, "has integer dtype " + std::string(dtype_name(t->dtype())));
-      return {};
+      return std::nullopt;
     }
-    return *t;
+    return Part{t, {}, rows, cols, t->dtype()};
   }
 
-  // A 1-D tensor converted to F32 (norm weights, biases).
-  Tensor vector_f32(const std::string& name, int64_t n, bool required = true) {
+  std::optional<Part> vector_part(const std::string& name, int64_t n, bool required = true) {
+    if (dummy_) return Part{nullptr, dummy_fill(name, seed_), n, 1, DType::kF32};
     const Tensor* t = find(name, required);
-    if (!t) return {};
+    if (!t) return std::nullopt;
     if (t->numel() != n || t->ndim() != 1) {
       fail(name, "has shape " + t->shape_string() + ", expected [" + std::to_string(n) + "]");
-      return {};
+      return std::nullopt;
     }
-    if (t->dtype() == DType::kF32) return *t;
-    if (dtype_is_quantized(t->dtype()) || t->dtype() == DType::kI32 || t->dtype() == DType::kI64 ||
-        t->dtype() == DType::kU8) {
+    if (!is_float_dtype(t->dtype())) {
       fail(name, "has unsupported dtype " + std::string(dtype_name(t->dtype())) + " for a vector");
-      return {};
+      return std::nullopt;
     }
-    auto& buf = owned_.emplace_back(static_cast<size_t>(n) * sizeof(float));
-    dequantize_row(t->dtype(), t->data(), reinterpret_cast<float*>(buf.data()), n);
-    return Tensor(buf.data(), DType::kF32, {n});
+    return Part{t, {}, n, 1, t->dtype()};
   }
 
-  // Rows of a then rows of b in one tensor (same dtype and columns).
-  Tensor concat_rows(const Tensor& a, const Tensor& b, const std::string& what) {
-    if (!a.defined() || !b.defined()) return {};
-    if (a.dtype() != b.dtype()) {
-      fail(what, "gate and up projections have different dtypes");
-      return {};
-    }
-    auto& buf = owned_.emplace_back(static_cast<size_t>(a.nbytes() + b.nbytes()));
-    std::memcpy(buf.data(), a.data(), static_cast<size_t>(a.nbytes()));
-    std::memcpy(buf.data() + a.nbytes(), b.data(), static_cast<size_t>(b.nbytes()));
-    return Tensor(buf.data(), a.dtype(), {a.dim(0) + b.dim(0), a.dim(1)});
+  Tensor matrix(const std::string& name, int64_t rows, int64_t cols, bool required = true) {
+    auto p = matrix_part(name, rows, cols, required);
+    if (!p) return {};
+    return place({*p}, false);
+  }
+  Tensor vector_f32(const std::string& name, int64_t n, bool required = true) {
+    auto p = vector_part(name, n, required);
+    if (!p) return {};
+    return place({*p}, true);
   }
 
-  bool has(const std::string& name) const { return w_.tensors.count(name) != 0; }
+  // Where the parts' rows go after placement: the dtype they become.
+  DType target(const Part& p, bool vector) const {
+    if (vector) return DType::kF32;
+    if (dtype_is_quantized(p.dtype)) return p.dtype;
+    if (dummy_) return act_;
+    if (be_.device() == Device::kCpu) return p.dtype;
+    return act_ == DType::kBF16 ? DType::kBF16 : p.dtype;
+  }
+
+  // Whether the parts can be placed as one tensor (same target dtype and columns).
+  bool fusable(const std::vector<Part>& parts, bool vector) const {
+    for (const Part& p : parts) {
+      if (target(p, vector) != target(parts[0], vector) || p.cols != parts[0].cols) return false;
+    }
+    return true;
+  }
+
+  // The rows of all parts, in order, as one tensor placed for the backend.
+  Tensor place(const std::vector<Part>& parts, bool vector) {
+    OSP_CHECK(!parts.empty() && fusable(parts, vector));
+    const DType t = target(parts[0], vector);
+    const int64_t cols = parts[0].cols;
+    int64_t rows = 0;
+    for (const Part& p : parts) rows += p.rows;
+    const int64_t row_bytes = dtype_row_bytes(t, cols);
+    const size_t bytes = static_cast<size_t>(rows * row_bytes);
+    const bool host_side = be_.device() == Device::kCpu && !dummy_;
+    if (host_side && parts.size() == 1 && parts[0].dtype == t) return *parts[0].host;  // zero copy
+    if (host_side) {
+      auto& buf = m_.owned.emplace_back(bytes);
+      int64_t r0 = 0;
+      for (const Part& p : parts) {
+        if (p.dtype == t) {
+          std::memcpy(buf.data() + r0 * row_bytes, p.host->data(), static_cast<size_t>(p.host->nbytes()));
+        } else {  // vectors of F16/BF16 -> F32
+          dequantize_row(p.dtype, p.host->data(), reinterpret_cast<float*>(buf.data() + r0 * row_bytes),
+                         p.rows * p.cols);
+        }
+        r0 += p.rows;
+      }
+      return vector ? Tensor(buf.data(), t, {rows}) : Tensor(buf.data(), t, {rows, cols});
+    }
+    void* dst = be_.alloc(bytes);
+    if (!dst) {
+      fail("(allocation)", "does not fit: out of " + std::string(be_.name()) + " memory placing " +
+                               std::to_string(bytes) + " bytes");
+      return {};
+    }
+    m_.device_allocations.push_back(dst);
+    const Device dev = be_.device();
+    int64_t r0 = 0;
+    for (const Part& p : parts) {
+      char* d = static_cast<char*>(dst) + r0 * row_bytes;
+      const int64_t numel = p.rows * p.cols;
+      if (!p.host) {
+        Tensor view(d, t, {numel}, dev);
+        be_.fill_uniform(view, p.fill.seed, p.fill.lo, p.fill.hi);
+        if (dummy_) {
+          m_.dtype_counts[std::string(dtype_name(t))]++;
+          m_.weight_bytes += static_cast<size_t>(p.rows * row_bytes);
+        }
+      } else if (p.dtype == t) {
+        be_.copy_to_device(d, p.host->data(), static_cast<size_t>(p.host->nbytes()));
+      } else if (vector) {
+        std::vector<float> tmp(static_cast<size_t>(numel));
+        dequantize_row(p.dtype, p.host->data(), tmp.data(), numel);
+        be_.copy_to_device(d, tmp.data(), tmp.size() * sizeof(float));
+        be_.synchronize();  // tmp dies here
+      } else {
+        convert_upload(*p.host, t, d);
+      }
+      r0 += p.rows;
+    }
+    return vector ? Tensor(dst, t, {rows}, dev) : Tensor(dst, t, {rows, cols}, dev);
+  }
+
   const Status& status() const { return status_; }
 
  private:
+  // Host float tensor -> device dtype t at dst, through the staging buffer.
+  void convert_upload(const Tensor& src, DType t, char* dst) {
+    if (!staging_) {
+      staging_ = be_.alloc(kStagingBytes);
+      OSP_CHECK_MSG(staging_ != nullptr, "no device memory for the 64 MiB weight staging buffer");
+    }
+    const int64_t src_es = dtype_row_bytes(src.dtype(), 1);
+    const int64_t dst_es = dtype_row_bytes(t, 1);
+    const int64_t chunk = static_cast<int64_t>(kStagingBytes) / src_es;
+    const int64_t numel = src.numel();
+    const auto* sp = static_cast<const char*>(src.data());
+    for (int64_t e0 = 0; e0 < numel; e0 += chunk) {
+      const int64_t len = std::min(chunk, numel - e0);
+      // Stream order: this copy waits for the previous chunk's conversion.
+      be_.copy_to_device(staging_, sp + e0 * src_es, static_cast<size_t>(len * src_es));
+      Tensor s(staging_, src.dtype(), {len}, be_.device());
+      Tensor d(dst + e0 * dst_es, t, {len}, be_.device());
+      be_.convert(s, d);
+    }
+  }
+
   const Tensor* find(const std::string& name, bool required) {
-    auto it = w_.tensors.find(name);
-    if (it == w_.tensors.end()) {
+    auto it = m_.weights.tensors.find(name);
+    if (it == m_.weights.tensors.end()) {
       if (required) fail(name, "is missing");
       return nullptr;
     }
@@ -141,30 +292,62 @@ class Binder {
     if (status_.ok()) status_ = corrupt(origin_ + ": tensor '" + name + "' " + what);
   }
 
-  LoadedWeights& w_;
-  std::vector<std::vector<uint8_t>>& owned_;
+  ops::Backend& be_;
+  WeightStore m_;
+  DType act_;
+  bool dummy_;
+  uint64_t seed_;
+  const ModelConfig& c_;
+  bool want_bias_;
   std::string origin_;
+  void* staging_ = nullptr;
   Status status_;
 };
+
+// The config of a dummy model: a bundled name, a config.json, or a folder with one.
+Expected<ModelConfig> dummy_config(const std::string& path) {
+  if (auto text = builtin_model_config(path)) {
+    return model_config_from_hf_json(std::string(*text), "bundled config '" + path + "'");
+  }
+  OSP_ASSIGN_OR_RETURN(DummyConfigText text, read_dummy_config(path));
+  return model_config_from_hf_json(text.json, text.origin);
+}
 
 }  // namespace
 
 Expected<std::unique_ptr<Model>> Model::load(const std::string& path, ops::Backend& backend,
                                              const ModelLoadOptions& options) {
-  if (options.load_format != "auto") {
-    return unsupported("load format '" + options.load_format + "' is not supported yet");
+  if (options.load_format != "auto" && options.load_format != "dummy") {
+    return invalid_argument("load format must be auto or dummy, got '" + options.load_format + "'");
   }
-  OSP_ASSIGN_OR_RETURN(LoadedWeights weights, load_weights(path));
+  const bool dummy = options.load_format == "dummy";
+  OSP_ASSIGN_OR_RETURN(DType act, parse_dtype_option(options.dtype, backend.default_activation_dtype(), "dtype"));
+  if (!backend.supports_activation_dtype(act)) {
+    return unsupported(std::string("the ") + backend.name() + " backend does not compute in " +
+                       std::string(dtype_name(act)) + (backend.device() == Device::kCpu
+                                                           ? " (the CPU backend computes in float32 only)"
+                                                           : " (use float32 or bfloat16)"));
+  }
+  OSP_ASSIGN_OR_RETURN(DType kv_dtype, parse_dtype_option(options.kv_cache_dtype, act, "kv_cache_dtype"));
 
   std::unique_ptr<Model> model(new Model());
   Impl& m = *model->impl_;
   model->backend_ = &backend;
   model->path_ = path;
+  model->options_ = options;
+  model->act_dtype_ = act;
+  model->kv_dtype_ = kv_dtype;
 
-  if (weights.format == LoadedWeights::Format::kGguf) {
-    OSP_ASSIGN_OR_RETURN(model->config_, model_config_from_gguf(*weights.gguf));
+  if (dummy) {
+    OSP_ASSIGN_OR_RETURN(model->config_, dummy_config(path));
   } else {
-    OSP_ASSIGN_OR_RETURN(model->config_, model_config_from_hf_json(weights.config_json, path + "/config.json"));
+    OSP_ASSIGN_OR_RETURN(LoadedWeights weights, load_weights(path));
+    if (weights.format == LoadedWeights::Format::kGguf) {
+      OSP_ASSIGN_OR_RETURN(model->config_, model_config_from_gguf(*weights.gguf));
+    } else {
+      OSP_ASSIGN_OR_RETURN(model->config_, model_config_from_hf_json(weights.config_json, path + "/config.json"));
+    }
+    m.weights = std::move(weights);
   }
   ModelConfig& c = model->config_;
   OSP_RETURN_IF_ERROR(c.validate());
@@ -174,33 +357,55 @@ Expected<std::unique_ptr<Model>> Model::load(const std::string& path, ops::Backe
     for (auto a : supported_archs()) list += (list.empty() ? "" : ", ") + std::string(a);
     return unsupported(path + ": architecture '" + c.architecture + "' is not supported (supported: " + list + ")");
   }
-  m.weights = std::move(weights);
+  if (c.head_dim > 256) return unsupported(path + ": head_dim " + std::to_string(c.head_dim) + " exceeds 256");
+
+  // Statistics for `osprey info` (dummy weights are counted as they are made).
+  for (const auto& [name, t] : m.weights.tensors) {
+    m.dtype_counts[std::string(dtype_name(t.dtype()))]++;
+    m.weight_bytes += static_cast<size_t>(t.nbytes());
+  }
 
   const int64_t d = c.hidden_size, hd = c.head_dim, hq = c.num_heads, hk = c.num_kv_heads;
   const int64_t f = c.intermediate_size, vocab = c.vocab_size;
-  Binder b(m.weights, m.owned, path);
+  const bool want_bias = m.arch->qkv_bias || c.attention_bias;
+  WeightBuilder b(backend, WeightStore{m.weights, m.owned, m.device_allocations, m.dtype_counts, m.weight_bytes}, act,
+                  dummy, options.dummy_seed, c, want_bias, path);
   m.embed = b.matrix("model.embed_tokens.weight", vocab, d);
   m.final_norm = b.vector_f32("model.norm.weight", d);
+  const bool is_gguf = m.weights.format == LoadedWeights::Format::kGguf && !dummy;
   if (b.has("lm_head.weight")) {
     m.lm_head = b.matrix("lm_head.weight", vocab, d);
-  } else if (c.tie_word_embeddings || m.weights.format == LoadedWeights::Format::kGguf) {
+  } else if (c.tie_word_embeddings || is_gguf) {
     m.lm_head = m.embed;
   } else {
     m.lm_head = b.matrix("lm_head.weight", vocab, d);  // reports it missing
   }
-  const bool want_bias = m.arch->qkv_bias || c.attention_bias;
   m.layers.resize(static_cast<size_t>(c.num_layers));
   for (int l = 0; l < c.num_layers && b.status().ok(); ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     LayerWeights& L = m.layers[static_cast<size_t>(l)];
     L.attn_norm = b.vector_f32(p + "input_layernorm.weight", d);
-    L.wq = b.matrix(p + "self_attn.q_proj.weight", hq * hd, d);
-    L.wk = b.matrix(p + "self_attn.k_proj.weight", hk * hd, d);
-    L.wv = b.matrix(p + "self_attn.v_proj.weight", hk * hd, d);
+    auto q = b.matrix_part(p + "self_attn.q_proj.weight", hq * hd, d);
+    auto k = b.matrix_part(p + "self_attn.k_proj.weight", hk * hd, d);
+    auto v = b.matrix_part(p + "self_attn.v_proj.weight", hk * hd, d);
+    std::optional<Part> bq, bk, bv;
     if (want_bias || b.has(p + "self_attn.q_proj.bias")) {
-      L.bq = b.vector_f32(p + "self_attn.q_proj.bias", hq * hd, want_bias);
-      L.bk = b.vector_f32(p + "self_attn.k_proj.bias", hk * hd, want_bias);
-      L.bv = b.vector_f32(p + "self_attn.v_proj.bias", hk * hd, want_bias);
+      bq = b.vector_part(p + "self_attn.q_proj.bias", hq * hd, want_bias);
+      bk = b.vector_part(p + "self_attn.k_proj.bias", hk * hd, want_bias);
+      bv = b.vector_part(p + "self_attn.v_proj.bias", hk * hd, want_bias);
+    }
+    if (!q || !k || !v) break;
+    if (b.fusable({*q, *k, *v}, false)) {
+      L.w_qkv = b.place({*q, *k, *v}, false);
+      if (bq && bk && bv) L.b_qkv = b.place({*bq, *bk, *bv}, true);
+    } else {  // e.g. GGUF files with v in another quantisation than q and k
+      m.any_unfused = true;
+      L.wq = b.place({*q}, false);
+      L.wk = b.place({*k}, false);
+      L.wv = b.place({*v}, false);
+      if (bq) L.bq = b.place({*bq}, true);
+      if (bk) L.bk = b.place({*bk}, true);
+      if (bv) L.bv = b.place({*bv}, true);
     }
     if (m.arch->qk_norm || c.qk_norm) {
       L.q_norm = b.vector_f32(p + "self_attn.q_norm.weight", hd);
@@ -208,58 +413,33 @@ Expected<std::unique_ptr<Model>> Model::load(const std::string& path, ops::Backe
     }
     L.wo = b.matrix(p + "self_attn.o_proj.weight", d, hq * hd);
     L.ffn_norm = b.vector_f32(p + "post_attention_layernorm.weight", d);
-    Tensor gate = b.matrix(p + "mlp.gate_proj.weight", f, d);
-    Tensor up = b.matrix(p + "mlp.up_proj.weight", f, d);
-    L.w_gate_up = b.concat_rows(gate, up, p + "mlp");
+    auto gate = b.matrix_part(p + "mlp.gate_proj.weight", f, d);
+    auto up = b.matrix_part(p + "mlp.up_proj.weight", f, d);
+    if (!gate || !up) break;
+    if (!b.fusable({*gate, *up}, false)) {
+      return corrupt(path + ": " + p + "mlp gate and up projections have different dtypes");
+    }
+    L.w_gate_up = b.place({*gate, *up}, false);
     L.w_down = b.matrix(p + "mlp.down_proj.weight", d, f);
   }
   OSP_RETURN_IF_ERROR(b.status());
 
-  // Statistics for `osprey info`.
-  for (const auto& [name, t] : m.weights.tensors) {
-    m.dtype_counts[std::string(dtype_name(t.dtype()))]++;
-    m.weight_bytes += static_cast<size_t>(t.nbytes());
-  }
-
-  // Non-CPU backends get their own copy of every bound tensor.
-  if (backend.device() != Device::kCpu) {
-    auto upload = [&](Tensor& t) {
-      if (!t.defined()) return;
-      void* p = backend.alloc(static_cast<size_t>(t.nbytes()));
-      backend.copy_to_device(p, t.data(), static_cast<size_t>(t.nbytes()));
-      m.device_allocations.push_back(p);
-      t = Tensor(p, t.dtype(), t.shape(), t.ndim(), backend.device());
-    };
-    const bool tied = m.lm_head.data() == m.embed.data();
-    upload(m.embed);
-    upload(m.final_norm);
-    if (tied) {
-      m.lm_head = m.embed;
-    } else {
-      upload(m.lm_head);
-    }
-    for (auto& L : m.layers) {
-      for (Tensor* t : {&L.attn_norm, &L.wq, &L.wk, &L.wv, &L.bq, &L.bk, &L.bv, &L.q_norm, &L.k_norm, &L.wo,
-                        &L.ffn_norm, &L.w_gate_up, &L.w_down}) {
-        upload(*t);
-      }
-    }
-  }
-
   m.inv_freq_host = ops::make_rope_inv_freq(c.rope_theta, c.head_dim, c.rope_scaling);
   const size_t freq_bytes = m.inv_freq_host.size() * sizeof(float);
   m.inv_freq = static_cast<float*>(backend.alloc(freq_bytes));
+  if (!m.inv_freq) return resource_exhausted("out of device memory after loading the weights");
   m.device_allocations.push_back(m.inv_freq);
   backend.copy_to_device(m.inv_freq, m.inv_freq_host.data(), freq_bytes);
   m.rope.inv_freq = m.inv_freq;
   m.rope.rotary_dim = c.head_dim;
+  backend.synchronize();
   return model;
 }
 
 size_t Model::kv_bytes_per_token() const {
   const ModelConfig& c = config_;
   return 2ull * static_cast<size_t>(c.num_layers) * static_cast<size_t>(c.num_kv_heads) *
-         static_cast<size_t>(c.head_dim) * sizeof(float);
+         static_cast<size_t>(dtype_row_bytes(kv_dtype_, c.head_dim));
 }
 
 KvCache Model::allocate_kv(int num_blocks, int block_size) {
@@ -269,13 +449,14 @@ KvCache Model::allocate_kv(int num_blocks, int block_size) {
   kv.num_blocks = num_blocks;
   kv.block_size = block_size;
   const size_t bytes = static_cast<size_t>(num_blocks) * static_cast<size_t>(block_size) *
-                       static_cast<size_t>(c.num_kv_heads) * static_cast<size_t>(c.head_dim) * sizeof(float);
+                       static_cast<size_t>(c.num_kv_heads) * static_cast<size_t>(dtype_row_bytes(kv_dtype_, c.head_dim));
   for (int l = 0; l < c.num_layers; ++l) {
     ops::LayerKv layer;
-    layer.k = Tensor(backend_->alloc(bytes), DType::kF32, {num_blocks, block_size, c.num_kv_heads, c.head_dim},
-                     backend_->device());
-    layer.v = Tensor(backend_->alloc(bytes), DType::kF32, {num_blocks, block_size, c.num_kv_heads, c.head_dim},
-                     backend_->device());
+    void* k = backend_->alloc(bytes);
+    void* v = backend_->alloc(bytes);
+    OSP_CHECK_MSG(k && v, "out of " << backend_->name() << " memory for " << num_blocks << " KV pages");
+    layer.k = Tensor(k, kv_dtype_, {num_blocks, block_size, c.num_kv_heads, c.head_dim}, backend_->device());
+    layer.v = Tensor(v, kv_dtype_, {num_blocks, block_size, c.num_kv_heads, c.head_dim}, backend_->device());
     kv.layers.push_back(layer);
   }
   return kv;
@@ -299,22 +480,29 @@ void Model::reserve(int max_tokens, int max_logit_rows) {
   ws.max_logit_rows = max_logit_rows;
   const ModelConfig& c = config_;
   const int64_t n = max_tokens;
-  auto make = [&](int64_t rows, int64_t cols) {
-    void* p = backend_->alloc(static_cast<size_t>(rows * cols) * sizeof(float));
+  auto make = [&](int64_t rows, int64_t cols, DType dt) {
+    void* p = backend_->alloc(static_cast<size_t>(rows * dtype_row_bytes(dt, cols)));
+    OSP_CHECK_MSG(p != nullptr, "out of " << backend_->name() << " memory for step buffers of " << rows << " rows");
     ws.allocations.push_back(p);
-    return Tensor(p, DType::kF32, {rows, cols}, backend_->device());
+    return Tensor(p, dt, {rows, cols}, backend_->device());
   };
-  ws.resid = make(n, c.hidden_size);
-  ws.normed = make(n, c.hidden_size);
-  ws.q = make(n, static_cast<int64_t>(c.num_heads) * c.head_dim);
-  ws.k = make(n, static_cast<int64_t>(c.num_kv_heads) * c.head_dim);
-  ws.v = make(n, static_cast<int64_t>(c.num_kv_heads) * c.head_dim);
-  ws.attn = make(n, static_cast<int64_t>(c.num_heads) * c.head_dim);
-  ws.proj = make(n, c.hidden_size);
-  ws.gate_up = make(n, 2 * static_cast<int64_t>(c.intermediate_size));
-  ws.act = make(n, c.intermediate_size);
-  ws.sel = make(max_logit_rows, c.hidden_size);
-  ws.logits = make(max_logit_rows, c.vocab_size);
+  const DType a = act_dtype_;
+  const int64_t qw = static_cast<int64_t>(c.num_heads) * c.head_dim;
+  const int64_t kw = static_cast<int64_t>(c.num_kv_heads) * c.head_dim;
+  ws.resid = make(n, c.hidden_size, a);
+  ws.normed = make(n, c.hidden_size, a);
+  ws.qkv = make(n, qw + 2 * kw, a);
+  ws.q = make(n, qw, a);
+  if (impl_->any_unfused) {
+    ws.k = make(n, kw, a);
+    ws.v = make(n, kw, a);
+  }
+  ws.attn = make(n, qw, a);
+  ws.proj = make(n, c.hidden_size, a);
+  ws.gate_up = make(n, 2 * static_cast<int64_t>(c.intermediate_size), a);
+  ws.act = make(n, c.intermediate_size, a);
+  ws.sel = make(max_logit_rows, c.hidden_size, a);
+  ws.logits = make(max_logit_rows, c.vocab_size, DType::kF32);
 }
 
 Tensor Model::forward(const ForwardBatch& batch, KvCache& kv) {
@@ -331,14 +519,13 @@ Tensor Model::forward(const ForwardBatch& batch, KvCache& kv) {
   const int64_t hd = c.head_dim, hq = c.num_heads, hk = c.num_kv_heads;
   Tensor resid = ws.resid.slice(0, n);
   Tensor normed = ws.normed.slice(0, n);
-  Tensor q = ws.q.slice(0, n), k = ws.k.slice(0, n), v = ws.v.slice(0, n);
+  Tensor qkv = ws.qkv.slice(0, n);
+  Tensor q = ws.q.slice(0, n);
   Tensor attn = ws.attn.slice(0, n);
   Tensor proj = ws.proj.slice(0, n);
   Tensor gate_up = ws.gate_up.slice(0, n);
   Tensor act = ws.act.slice(0, n);
   Tensor q3 = q.view({n, hq, hd});
-  Tensor k3 = k.view({n, hk, hd});
-  Tensor v3 = v.view({n, hk, hd});
   Tensor attn3 = attn.view({n, hq, hd});
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const int window = m.arch->sliding_window ? c.sliding_window : 0;
@@ -351,15 +538,24 @@ Tensor Model::forward(const ForwardBatch& batch, KvCache& kv) {
     } else {
       be.add_rms_norm(resid, proj, L.attn_norm, c.rms_norm_eps, normed);  // + previous MLP output
     }
-    be.matmul(normed, L.wq, L.bq, q);
-    be.matmul(normed, L.wk, L.bk, k);
-    be.matmul(normed, L.wv, L.bv, v);
-    if (L.q_norm.defined()) {
-      be.head_rms_norm(q3, L.q_norm, c.rms_norm_eps);
-      be.head_rms_norm(k3, L.k_norm, c.rms_norm_eps);
+    if (L.w_qkv.defined()) {
+      // One GEMM for q, k, v; norm + RoPE + KV page write in one kernel.
+      be.matmul(normed, L.w_qkv, L.b_qkv, qkv);
+      be.qkv_rope_kv_write(qkv, L.q_norm, L.k_norm, c.rms_norm_eps, m.rope, batch.attn, kv.layers[l], q3);
+    } else {
+      Tensor k = ws.k.slice(0, n), v = ws.v.slice(0, n);
+      Tensor k3 = k.view({n, hk, hd});
+      Tensor v3 = v.view({n, hk, hd});
+      be.matmul(normed, L.wq, L.bq, q);
+      be.matmul(normed, L.wk, L.bk, k);
+      be.matmul(normed, L.wv, L.bv, v);
+      if (L.q_norm.defined()) {
+        be.head_rms_norm(q3, L.q_norm, c.rms_norm_eps);
+        be.head_rms_norm(k3, L.k_norm, c.rms_norm_eps);
+      }
+      be.rope(q3, k3, batch.attn.positions, m.rope);
+      be.kv_write(k3, v3, batch.attn, kv.layers[l]);
     }
-    be.rope(q3, k3, batch.attn.positions, m.rope);
-    be.kv_write(k3, v3, batch.attn, kv.layers[l]);
     be.paged_attention(q3, kv.layers[l], batch.attn, scale, window, attn3);
     be.matmul(attn, L.wo, Tensor(), proj);
     be.add_rms_norm(resid, proj, L.ffn_norm, c.rms_norm_eps, normed);  // + attention output
@@ -376,7 +572,7 @@ Tensor Model::forward(const ForwardBatch& batch, KvCache& kv) {
   be.gather_rows(resid, batch.logit_rows, static_cast<int>(r), sel);
   be.rms_norm(sel, m.final_norm, c.rms_norm_eps, sel_normed);
   Tensor logits = ws.logits.slice(0, r);
-  be.matmul(sel_normed, m.lm_head, Tensor(), logits);
+  be.matmul(sel_normed, m.lm_head, Tensor(), logits);  // F32 logits from activations of any dtype
   return logits;
 }
 

@@ -3,6 +3,7 @@
 // options live in ArchOptions (src/model/arch_registry.h).
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -19,9 +20,25 @@ struct LoadedWeights;
 
 struct ModelLoadOptions {
   // "auto" (safetensors or GGUF by path), or "dummy" (random weights from the
-  // config alone, for benchmarks of real shapes).
+  // config alone, for benchmarks of real shapes: the path is then a bundled
+  // config name such as "llama-3-8b", a config.json, or a folder holding one).
   std::string load_format = "auto";
+  // Compute (activation) dtype: "auto" (the backend's default: float32 on the
+  // CPU, bfloat16 on CUDA), "float32" or "bfloat16". Float weights are
+  // converted to it at upload on non-CPU backends; quantised weights stay packed.
+  std::string dtype = "auto";
+  // KV page dtype: "auto" (the compute dtype), "float32", "bfloat16", "float16".
+  std::string kv_cache_dtype = "auto";
+  // Tokenizer to use instead of the model's own ("" = the model's; a dummy
+  // model has none). Recorded for load_tokenizer_for_model.
+  std::string tokenizer;
+  // Seed of the dummy weights.
+  uint64_t dummy_seed = 0;
 };
+
+// "auto"/"float32"/"fp32"/"bfloat16"/"bf16"/"float16"/"fp16" -> dtype; "auto"
+// gives `automatic`. Errors name the accepted values.
+Expected<DType> parse_dtype_option(const std::string& value, DType automatic, const char* what);
 
 class Model {
  public:
@@ -29,7 +46,8 @@ class Model {
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
 
-  // path: a Hugging Face folder (config.json + safetensors) or a .gguf file.
+  // path: a Hugging Face folder (config.json + safetensors) or a .gguf file
+  // (or, for load_format "dummy", a config; see ModelLoadOptions).
   static Expected<std::unique_ptr<Model>> load(const std::string& path, ops::Backend& backend,
                                                const ModelLoadOptions& options = {});
 
@@ -42,6 +60,13 @@ class Model {
   // Storage dtypes of the weights, e.g. {"Q4_1": 120, "F32": 61}.
   std::vector<std::pair<std::string, int>> weight_dtype_counts() const;
   size_t weight_bytes() const;
+  // Activation dtype of forward (F32 or BF16) and dtype of the KV pages.
+  DType activation_dtype() const { return act_dtype_; }
+  DType kv_dtype() const { return kv_dtype_; }
+  // The options the model was loaded with (tokenizer, load format).
+  const ModelLoadOptions& load_options() const { return options_; }
+  // True when the weights are random (load_format "dummy").
+  bool is_dummy() const { return options_.load_format == "dummy"; }
 
   // Bytes of KV cache per token (all layers, K and V).
   size_t kv_bytes_per_token() const;
@@ -64,6 +89,9 @@ class Model {
   ModelConfig config_;
   ops::Backend* backend_ = nullptr;
   std::string path_;
+  ModelLoadOptions options_;
+  DType act_dtype_ = DType::kF32;
+  DType kv_dtype_ = DType::kF32;
 };
 
 }  // namespace osprey

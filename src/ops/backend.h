@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 
 #include "core/tensor.h"
@@ -30,6 +31,18 @@ struct RopeTable {
 // [max(0, positions[t] - window + 1), positions[t]] of its sequence (window = 0
 // means unlimited). The KV entry of position p of sequence s lives in page
 // block_indices[block_indptr[s] + p / block_size], row p % block_size.
+//
+// GRAPH CONTRACT (CUDA graphs replay decode steps per batch-size bucket):
+// for a step where every sequence has exactly one query token
+// (num_tokens == num_seqs), the kernels a backend launches for
+// paged_attention / qkv_rope_kv_write / kv_write may depend only on
+// num_tokens, num_seqs, the tensor shapes and values fixed when the KV pool
+// and step buffers were allocated; never on max_kv_len, max_q_len or other
+// per-step host scalars. Sequence lengths, pages, positions and slots are
+// read from the device arrays. Such calls allocate nothing (after one eager
+// call of the same shape), free nothing, synchronise nothing and copy nothing
+// to or from the host. Padded sequences (kv_lens = 0, slot_mapping = -1,
+// q_indptr advancing by 1) produce zero outputs and write no KV.
 struct AttentionBatch {
   int num_seqs = 0;
   int num_tokens = 0;
@@ -99,9 +112,107 @@ class Backend {
 
   // out[r, :] = x[rows[r], :] for r in [0, num_rows); x [n, d].
   virtual void gather_rows(const Tensor& x, const int32_t* rows, int num_rows, Tensor& out) = 0;
+
+  // ---- compute dtype, conversion, fused attention input (cudacore) ----
+
+  // Activation dtype used when the user asks for "auto" (CPU: F32, CUDA: BF16).
+  virtual DType default_activation_dtype() const { return DType::kF32; }
+  // Whether every op above takes activations (x, out, residual, q, k, v) of
+  // this dtype. Logits (matmul out) may always be F32; norm weights and biases
+  // stay F32. The CPU backend takes F32 only.
+  virtual bool supports_activation_dtype(DType t) const { return t == DType::kF32; }
+
+  // dst = src converted elementwise between F32, F16 and BF16 (round to
+  // nearest even); same numel; both on this backend's device. Used to convert
+  // weights at upload, one chunk at a time.
+  virtual void convert(const Tensor& src, Tensor& dst) = 0;
+
+  // t (F32/F16/BF16, on this backend's device) = lo + (hi - lo) * u(i), where
+  // u(i) in [0, 1) is a hash of (seed, i) for element i: the same values on
+  // every backend (random "dummy" weights without a host buffer).
+  virtual void fill_uniform(Tensor& t, uint64_t seed, float lo, float hi) = 0;
+
+  // The fused attention input of one layer. qkv [n, (hq + 2 hk) * hd] is the
+  // output of the fused QKV projection (q heads, then k heads, then v heads).
+  // Per token: optional per-head RMSNorm of q and k (q_norm, k_norm [hd] F32,
+  // Qwen3; undefined tensors skip it), RoPE of q and k at positions, then
+  // q_out [n, hq, hd] = rotated q and K/V written into the pages at
+  // batch.slot_mapping (-1 skips). qkv is left unchanged. Follows the graph
+  // contract above.
+  virtual void qkv_rope_kv_write(const Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm, float eps,
+                                 const RopeTable& rope, const AttentionBatch& batch, LayerKv& kv,
+                                 Tensor& q_out) = 0;
+
+  // ---- device runtime (cudaruntime): staging, queued copies, memory, sampling, graphs ----
+  // Defaults are right for a backend whose "device" is host memory (CPU).
+
+  // Host memory that queued copies read or write (CUDA: pinned), zeroed.
+  virtual void* alloc_host(size_t bytes) { return std::calloc(1, bytes ? bytes : 1); }
+  virtual void free_host(void* p) { std::free(p); }
+  // Copies queued in order with the ops: the host side must stay valid and
+  // unchanged (copy_to_host_async: unread) until synchronize(). CPU: at once.
+  virtual void copy_to_device_async(void* dst, const void* src, size_t bytes) { copy_to_device(dst, src, bytes); }
+  virtual void copy_to_host_async(void* dst, const void* src, size_t bytes) { copy_to_host(dst, src, bytes); }
+  // Device memory to device memory, queued in order with the ops.
+  virtual void copy_device_to_device(void* dst, const void* src, size_t bytes) { copy_to_device(dst, src, bytes); }
+  // Free and total bytes of device memory; false where there is no such
+  // measure (CPU: the KV pool is sized from kv_cache_bytes).
+  virtual bool memory_info(size_t& free_bytes, size_t& total_bytes) {
+    free_bytes = total_bytes = 0;
+    return false;
+  }
+
+  // One step's sampling on the device (src/sampling/device_sampling.h). All
+  // pointers are device memory. rows: const DeviceSampleRow[num_rows];
+  // edit_ids/edit_vals: the rows' edits; scratch: [rows with scratch_row >= 0,
+  // vocab] F32 for processed logits. Outputs per row: token; logprob, rank
+  // and kMaxDeviceTopLogprobs top (id, logprob) entries when num_logprobs >= 0.
+  struct SampleBatch {
+    const float* logits = nullptr;  // [logit rows, vocab] F32
+    int64_t vocab = 0;
+    int num_rows = 0;
+    const void* rows = nullptr;
+    const int32_t* edit_ids = nullptr;
+    const float* edit_vals = nullptr;
+    float* scratch = nullptr;
+    int32_t* tokens = nullptr;       // [num_rows]
+    float* logprobs = nullptr;       // [num_rows]
+    int32_t* ranks = nullptr;        // [num_rows]
+    int32_t* top_ids = nullptr;      // [num_rows, kMaxDeviceTopLogprobs]
+    float* top_logprobs = nullptr;   // [num_rows, kMaxDeviceTopLogprobs]
+  };
+  virtual bool supports_device_sampling() const { return false; }
+  virtual void sample(const SampleBatch& batch) { (void)batch; }
+
+  // Graphs: the ops queued between begin_capture() and end_capture() are
+  // recorded (not run) and replayed by Graph::launch() with the same
+  // pointers; nothing between may allocate, free, synchronise or copy to
+  // the host. end_capture() returns null when capture failed.
+  class Graph {
+   public:
+    virtual ~Graph() = default;
+    virtual void launch() = 0;
+  };
+  virtual bool supports_graphs() const { return false; }
+  virtual void begin_capture() {}
+  virtual std::unique_ptr<Graph> end_capture() { return nullptr; }
+
+  // Device time of queued work, for the GPU-busy fraction: start() and
+  // stop() mark the stream; elapsed_ms() after a synchronize() is the time
+  // between the marks. Null where there is no device clock (CPU).
+  class Timer {
+   public:
+    virtual ~Timer() = default;
+    virtual void start() = 0;
+    virtual void stop() = 0;
+    virtual double elapsed_ms() = 0;
+  };
+  virtual std::unique_ptr<Timer> make_timer() { return nullptr; }
 };
 
-std::unique_ptr<Backend> make_cpu_backend(int num_threads);
+// quantize_activations: 8-bit activations in matmuls with Q8_0/Q4_0/Q4_1
+// weights (EngineConfig::quantize_activations).
+std::unique_ptr<Backend> make_cpu_backend(int num_threads, bool quantize_activations = false);
 #ifdef OSPREY_HAVE_CUDA
 // Null when the device cannot be opened (the reason goes to stderr).
 std::unique_ptr<Backend> make_cuda_backend(int device_index);

@@ -47,6 +47,22 @@ void check_cuda_f32(const Tensor& t, const char* what) {
   OSP_CHECK_MSG(t.device() == Device::kCuda, what << " must be in CUDA device memory");
 }
 
+// An activation tensor: F32 or BF16 in device memory.
+void check_cuda_act(const Tensor& t, const char* what) {
+  OSP_CHECK_MSG(t.dtype() == DType::kF32 || t.dtype() == DType::kBF16,
+                what << " must be F32 or BF16, got " << dtype_name(t.dtype()));
+  OSP_CHECK_MSG(t.device() == Device::kCuda, what << " must be in CUDA device memory");
+}
+
+void check_same_dtype(const Tensor& a, const Tensor& b, const char* what) {
+  OSP_CHECK_MSG(a.dtype() == b.dtype(), what << ": dtypes differ (" << dtype_name(a.dtype()) << " vs "
+                                             << dtype_name(b.dtype()) << ")");
+}
+
+bool is_float_dtype(DType t) {
+  return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16;
+}
+
 }  // namespace
 
 int device_count() {
@@ -82,6 +98,7 @@ CudaBackend::CudaBackend(const CudaBackendOptions& options) : options_(options) 
   OSP_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   OSP_CUBLAS_CHECK(cublasCreate(&cublas_));
   OSP_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
+  OSP_CUBLAS_CHECK(cublasLtCreate(&lt_));
   // Our own workspace: no allocation inside cuBLAS calls (and graph capture later).
   OSP_CUBLAS_CHECK(
       cublasSetWorkspace(cublas_, cublas_workspace_.reserve(kCublasWorkspaceBytes, stream_), kCublasWorkspaceBytes));
@@ -94,6 +111,15 @@ CudaBackend::~CudaBackend() {
     bind_device();
     OSP_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
+  for (auto& [key, plan] : lt_plans_) {
+    (void)key;
+    if (plan.a) OSP_CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(plan.a));
+    if (plan.b) OSP_CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(plan.b));
+    if (plan.c) OSP_CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(plan.c));
+    if (plan.desc) OSP_CUBLAS_CHECK(cublasLtMatmulDescDestroy(plan.desc));
+  }
+  lt_plans_.clear();
+  if (lt_) OSP_CUBLAS_CHECK(cublasLtDestroy(lt_));
   if (cublas_) OSP_CUBLAS_CHECK(cublasDestroy(cublas_));
   // Buffers go before the stream they were used on.
   cublas_workspace_.reset();
@@ -157,53 +183,57 @@ void CudaBackend::synchronize() {
 // ---- row-wise ops -------------------------------------------------------------
 
 void CudaBackend::embedding(const Tensor& table, const int32_t* ids, Tensor& out) {
-  check_cuda_f32(out, "embedding out");
+  check_cuda_act(out, "embedding out");
   OSP_CHECK_MSG(table.device() == Device::kCuda, "embedding table must be in CUDA device memory");
   OSP_CHECK_EQ(table.ndim(), 2);
   const int64_t d = table.dim(1);
   OSP_CHECK_EQ(out.cols(), d);
   bind_device();
-  launch_embedding(table.dtype(), table.data(), table.row_bytes(), table.dim(0), d, ids, out.rows(),
-                   out.data_as<float>(), stream_);
+  launch_embedding(table.dtype(), table.data(), table.row_bytes(), table.dim(0), d, ids, out.rows(), out.dtype(),
+                   out.data(), stream_);
 }
 
 void CudaBackend::rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& out) {
-  check_cuda_f32(x, "rms_norm x");
+  check_cuda_act(x, "rms_norm x");
   check_cuda_f32(w, "rms_norm w");
-  check_cuda_f32(out, "rms_norm out");
+  check_cuda_act(out, "rms_norm out");
+  check_same_dtype(x, out, "rms_norm");
   OSP_CHECK_EQ(w.numel(), x.cols());
   OSP_CHECK_EQ(out.numel(), x.numel());
   bind_device();
-  launch_rms_norm(x.data_as<float>(), w.data_as<float>(), eps, x.rows(), x.cols(), out.data_as<float>(), stream_);
+  launch_rms_norm(x.dtype(), x.data(), w.data_as<float>(), eps, x.rows(), x.cols(), out.data(), stream_);
 }
 
 void CudaBackend::add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& w, float eps, Tensor& out) {
-  check_cuda_f32(residual, "add_rms_norm residual");
-  check_cuda_f32(x, "add_rms_norm x");
+  check_cuda_act(residual, "add_rms_norm residual");
+  check_cuda_act(x, "add_rms_norm x");
   check_cuda_f32(w, "add_rms_norm w");
-  check_cuda_f32(out, "add_rms_norm out");
+  check_cuda_act(out, "add_rms_norm out");
+  check_same_dtype(residual, x, "add_rms_norm");
+  check_same_dtype(residual, out, "add_rms_norm");
   OSP_CHECK_EQ(x.numel(), residual.numel());
   OSP_CHECK_EQ(out.numel(), residual.numel());
   OSP_CHECK_EQ(w.numel(), residual.cols());
   bind_device();
-  launch_add_rms_norm(residual.data_as<float>(), x.data_as<float>(), w.data_as<float>(), eps, residual.rows(),
-                      residual.cols(), out.data_as<float>(), stream_);
+  launch_add_rms_norm(residual.dtype(), residual.data(), x.data(), w.data_as<float>(), eps, residual.rows(),
+                      residual.cols(), out.data(), stream_);
 }
 
 void CudaBackend::add(Tensor& x, const Tensor& y) {
-  check_cuda_f32(x, "add x");
-  check_cuda_f32(y, "add y");
+  check_cuda_act(x, "add x");
+  check_cuda_act(y, "add y");
+  check_same_dtype(x, y, "add");
   OSP_CHECK_EQ(x.numel(), y.numel());
   bind_device();
-  launch_add(x.data_as<float>(), y.data_as<float>(), x.numel(), stream_);
+  launch_add(x.dtype(), x.data(), y.data(), x.numel(), stream_);
 }
 
 void CudaBackend::head_rms_norm(Tensor& x, const Tensor& w, float eps) {
-  check_cuda_f32(x, "head_rms_norm x");
+  check_cuda_act(x, "head_rms_norm x");
   check_cuda_f32(w, "head_rms_norm w");
   OSP_CHECK_EQ(w.numel(), x.cols());
   bind_device();
-  launch_rms_norm(x.data_as<float>(), w.data_as<float>(), eps, x.rows(), x.cols(), x.data_as<float>(), stream_);
+  launch_rms_norm(x.dtype(), x.data(), w.data_as<float>(), eps, x.rows(), x.cols(), x.data(), stream_);
 }
 
 const float* CudaBackend::device_inv_freq(const ops::RopeTable& table) {
@@ -222,8 +252,9 @@ const float* CudaBackend::device_inv_freq(const ops::RopeTable& table) {
 }
 
 void CudaBackend::rope(Tensor& q, Tensor& k, const int32_t* positions, const ops::RopeTable& table) {
-  check_cuda_f32(q, "rope q");
-  check_cuda_f32(k, "rope k");
+  check_cuda_act(q, "rope q");
+  check_cuda_act(k, "rope k");
+  check_same_dtype(q, k, "rope");
   OSP_CHECK_EQ(q.ndim(), 3);
   OSP_CHECK_EQ(k.ndim(), 3);
   OSP_CHECK_EQ(k.dim(0), q.dim(0));
@@ -233,18 +264,19 @@ void CudaBackend::rope(Tensor& q, Tensor& k, const int32_t* positions, const ops
   OSP_CHECK(table.rotary_dim > 0 && table.rotary_dim % 2 == 0 && table.rotary_dim <= hd);
   if (q.dim(0) == 0) return;
   bind_device();
-  launch_rope(q.data_as<float>(), k.data_as<float>(), positions, q.dim(0), static_cast<int>(q.dim(1)),
+  launch_rope(q.dtype(), q.data(), k.data(), positions, q.dim(0), static_cast<int>(q.dim(1)),
               static_cast<int>(k.dim(1)), hd, device_inv_freq(table), table.rotary_dim, table.attention_scaling,
               stream_);
 }
 
 void CudaBackend::silu_mul(const Tensor& gate_up, Tensor& out) {
-  check_cuda_f32(gate_up, "silu_mul gate_up");
-  check_cuda_f32(out, "silu_mul out");
+  check_cuda_act(gate_up, "silu_mul gate_up");
+  check_cuda_act(out, "silu_mul out");
+  check_same_dtype(gate_up, out, "silu_mul");
   OSP_CHECK_EQ(gate_up.cols(), 2 * out.cols());
   OSP_CHECK_EQ(gate_up.rows(), out.rows());
   bind_device();
-  launch_silu_mul(gate_up.data_as<float>(), out.rows(), out.cols(), out.data_as<float>(), stream_);
+  launch_silu_mul(out.dtype(), gate_up.data(), out.rows(), out.cols(), out.data(), stream_);
 }
 
 void CudaBackend::gather_rows(const Tensor& x, const int32_t* rows, int num_rows, Tensor& out) {
@@ -256,6 +288,73 @@ void CudaBackend::gather_rows(const Tensor& x, const int32_t* rows, int num_rows
                 "gather_rows tensors must be in CUDA device memory");
   bind_device();
   launch_gather_rows(x.data(), x.row_bytes(), x.rows(), rows, num_rows, out.data(), stream_);
+}
+
+void CudaBackend::convert(const Tensor& src, Tensor& dst) {
+  OSP_CHECK_MSG(is_float_dtype(src.dtype()) && is_float_dtype(dst.dtype()),
+                "convert: F32/F16/BF16 only, got " << dtype_name(src.dtype()) << " -> " << dtype_name(dst.dtype()));
+  OSP_CHECK_EQ(src.numel(), dst.numel());
+  OSP_CHECK_MSG(src.device() == Device::kCuda && dst.device() == Device::kCuda,
+                "convert tensors must be in CUDA device memory");
+  bind_device();
+  launch_convert(src.dtype(), src.data(), src.numel(), dst.dtype(), dst.data(), stream_);
+}
+
+void CudaBackend::fill_uniform(Tensor& t, uint64_t seed, float lo, float hi) {
+  OSP_CHECK_MSG(is_float_dtype(t.dtype()), "fill_uniform: F32/F16/BF16 only, got " << dtype_name(t.dtype()));
+  OSP_CHECK_MSG(t.device() == Device::kCuda, "fill_uniform tensor must be in CUDA device memory");
+  bind_device();
+  launch_fill_uniform(t.dtype(), t.data(), t.numel(), seed, lo, hi, stream_);
+}
+
+void CudaBackend::qkv_rope_kv_write(const Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm, float eps,
+                                    const ops::RopeTable& rope, const ops::AttentionBatch& batch, ops::LayerKv& kv,
+                                    Tensor& q_out) {
+  check_cuda_act(qkv, "qkv_rope_kv_write qkv");
+  check_cuda_act(q_out, "qkv_rope_kv_write q_out");
+  check_same_dtype(qkv, q_out, "qkv_rope_kv_write");
+  OSP_CHECK_EQ(q_out.ndim(), 3);
+  const int64_t n = q_out.dim(0), hq = q_out.dim(1), hd = q_out.dim(2);
+  OSP_CHECK_EQ(qkv.rows(), n);
+  OSP_CHECK_EQ(n, batch.num_tokens);
+  OSP_CHECK_EQ(kv.k.ndim(), 4);
+  const int64_t hk = kv.k.dim(2);
+  OSP_CHECK_MSG((hq + 2 * hk) * hd == qkv.cols(),
+                "qkv_rope_kv_write: qkv has " << qkv.cols() << " columns, not (hq + 2 hk) * hd");
+  OSP_CHECK_EQ(kv.k.dim(3), hd);
+  OSP_CHECK_MSG(kv.k.dtype() == kv.v.dtype() && is_float_dtype(kv.k.dtype()), "KV pages must be F32, F16 or BF16");
+  OSP_CHECK(rope.inv_freq != nullptr);
+  OSP_CHECK(rope.rotary_dim > 0 && rope.rotary_dim % 2 == 0 && rope.rotary_dim <= hd);
+  OSP_CHECK_MSG(q_norm.defined() == k_norm.defined(), "q_norm and k_norm go together");
+  if (q_norm.defined()) {
+    check_cuda_f32(q_norm, "q_norm");
+    check_cuda_f32(k_norm, "k_norm");
+    OSP_CHECK_EQ(q_norm.numel(), hd);
+    OSP_CHECK_EQ(k_norm.numel(), hd);
+  }
+  if (n == 0) return;
+  bind_device();
+  QkvRopeArgs a;
+  a.act = qkv.dtype();
+  a.qkv = qkv.data();
+  a.q_out = q_out.data();
+  a.n = n;
+  a.hq = static_cast<int>(hq);
+  a.hk = static_cast<int>(hk);
+  a.hd = static_cast<int>(hd);
+  a.q_norm = q_norm.defined() ? q_norm.data_as<float>() : nullptr;
+  a.k_norm = k_norm.defined() ? k_norm.data_as<float>() : nullptr;
+  a.eps = eps;
+  a.positions = batch.positions;
+  a.inv_freq = device_inv_freq(rope);
+  a.rotary_dim = rope.rotary_dim;
+  a.attention_scaling = rope.attention_scaling;
+  a.slot_mapping = batch.slot_mapping;
+  a.cache_dtype = kv.k.dtype();
+  a.k_cache = kv.k.data();
+  a.v_cache = kv.v.data();
+  a.num_slots = kv.k.dim(0) * kv.k.dim(1);
+  launch_qkv_rope_kv_write(a, stream_);
 }
 
 }  // namespace osprey::cuda

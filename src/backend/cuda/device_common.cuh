@@ -6,6 +6,7 @@
 #include <cuda_fp16.h>
 #include <cstdint>
 
+#include "core/check.h"
 #include "core/dtype.h"
 
 namespace osprey::cuda {
@@ -76,6 +77,65 @@ __device__ __forceinline__ __half from_float<__half>(float v) {
 template <>
 __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
   return __float2bfloat16_rn(v);
+}
+
+// Runs `body` with `T` bound to the C++ type of activation dtype `dt`
+// (F32 -> float, BF16 -> __nv_bfloat16); other dtypes abort.
+#define OSP_DISPATCH_ACT(dt, T, ...)                                                       \
+  do {                                                                                     \
+    if ((dt) == ::osprey::DType::kF32) {                                                   \
+      using T = float;                                                                     \
+      __VA_ARGS__;                                                                         \
+    } else if ((dt) == ::osprey::DType::kBF16) {                                           \
+      using T = __nv_bfloat16;                                                             \
+      __VA_ARGS__;                                                                         \
+    } else {                                                                               \
+      OSP_CHECK_MSG(false, "unsupported activation dtype " << ::osprey::dtype_name(dt));   \
+    }                                                                                      \
+  } while (0)
+
+// Same for the float storage dtypes F32, F16, BF16 (KV pages, conversions).
+#define OSP_DISPATCH_FLOAT(dt, T, ...)                                                     \
+  do {                                                                                     \
+    if ((dt) == ::osprey::DType::kF32) {                                                   \
+      using T = float;                                                                     \
+      __VA_ARGS__;                                                                         \
+    } else if ((dt) == ::osprey::DType::kF16) {                                            \
+      using T = __half;                                                                    \
+      __VA_ARGS__;                                                                         \
+    } else if ((dt) == ::osprey::DType::kBF16) {                                           \
+      using T = __nv_bfloat16;                                                             \
+      __VA_ARGS__;                                                                         \
+    } else {                                                                               \
+      OSP_CHECK_MSG(false, "unsupported float dtype " << ::osprey::dtype_name(dt));        \
+    }                                                                                      \
+  } while (0)
+
+// Eight consecutive activations p[0..8) as fp32; p 16-byte aligned (32 for float).
+template <class T>
+__device__ __forceinline__ void load8_act(const T* p, float out[8]);
+template <>
+__device__ __forceinline__ void load8_act<float>(const float* p, float out[8]) {
+  const float4 a = reinterpret_cast<const float4*>(p)[0];
+  const float4 b = reinterpret_cast<const float4*>(p)[1];
+  out[0] = a.x;
+  out[1] = a.y;
+  out[2] = a.z;
+  out[3] = a.w;
+  out[4] = b.x;
+  out[5] = b.y;
+  out[6] = b.z;
+  out[7] = b.w;
+}
+template <>
+__device__ __forceinline__ void load8_act<__nv_bfloat16>(const __nv_bfloat16* p, float out[8]) {
+  const uint4 v = *reinterpret_cast<const uint4*>(p);
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    out[2 * j] = __uint_as_float(w[j] << 16);
+    out[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
+  }
 }
 
 // Element i of a weight row of dtype T (slow path: one element at a time).

@@ -1,7 +1,7 @@
 // Host-side launchers of the CUDA kernels, one group per .cu file. Plain C++
 // declarations so cuda_backend.cpp needs no device code. Every pointer is
 // device memory; every launcher enqueues on `stream` and checks the launch.
-// Activations are fp32 row-major; shapes are in the comments.
+// Shapes are in the comments.
 #pragma once
 
 #include <cstdint>
@@ -12,47 +12,85 @@
 
 namespace osprey::cuda {
 
+// Activations ("act" dtype) are F32 or BF16 row-major; their pointers are
+// void* of that dtype. Norm weights, biases and RoPE tables are fp32.
+
 // ---- elementwise/ ----------------------------------------------------------------
 
 // out[i, :] = dequant(table row ids[i]) for i < n; table [vocab, d] of any
 // weight dtype with rows row_bytes apart. Ids outside [0, vocab) give a zero row.
 void launch_embedding(DType dtype, const void* table, int64_t row_bytes, int64_t vocab, int64_t d, const int32_t* ids,
-                      int64_t n, float* out, cudaStream_t stream);
+                      int64_t n, DType out_dtype, void* out, cudaStream_t stream);
 
 // x[i] += y[i] for i < count.
-void launch_add(float* x, const float* y, int64_t count, cudaStream_t stream);
+void launch_add(DType act, void* x, const void* y, int64_t count, cudaStream_t stream);
 
 // out[n, f] = silu(gate_up[n, :f]) * gate_up[n, f:].
-void launch_silu_mul(const float* gate_up, int64_t n, int64_t f, float* out, cudaStream_t stream);
+void launch_silu_mul(DType act, const void* gate_up, int64_t n, int64_t f, void* out, cudaStream_t stream);
 
 // out row r = x row rows[r] (row_bytes each) for r < num_rows; indices
 // outside [0, num_x_rows) give a zero row.
 void launch_gather_rows(const void* x, int64_t row_bytes, int64_t num_x_rows, const int32_t* rows, int num_rows,
                         void* out, cudaStream_t stream);
 
-// out[n, m] = bias[m] broadcast over rows.
-void launch_fill_rows(const float* bias, int64_t n, int64_t m, float* out, cudaStream_t stream);
+// out[n, m] (leading dimension ldo, dtype out_dtype) = bias[m] broadcast over rows.
+void launch_fill_rows(const float* bias, int64_t n, int64_t m, DType out_dtype, void* out, int64_t ldo,
+                      cudaStream_t stream);
 
-// dst[i] = convert(src[i]) to F16 or BF16 (round to nearest even), i < count.
-void launch_convert_f32(const float* src, int64_t count, DType to, void* dst, cudaStream_t stream);
+// dst[i] = convert(src[i]) between F32, F16 and BF16 (round to nearest even), i < count.
+void launch_convert(DType from, const void* src, int64_t count, DType to, void* dst, cudaStream_t stream);
+// Kept for the matmul's fp32-activation path: F32 -> F16/BF16.
+inline void launch_convert_f32(const float* src, int64_t count, DType to, void* dst, cudaStream_t stream) {
+  launch_convert(DType::kF32, src, count, to, dst, stream);
+}
+
+// dst[i] = lo + (hi - lo) * ops::uniform_hash01(seed, i) in dtype (F32/F16/BF16).
+void launch_fill_uniform(DType dtype, void* dst, int64_t count, uint64_t seed, float lo, float hi,
+                         cudaStream_t stream);
 
 // ---- norm/ -----------------------------------------------------------------------
 
 // out[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * w for r < rows; w [d].
 // out may alias x (head_rms_norm runs in place with rows = n * heads).
-void launch_rms_norm(const float* x, const float* w, float eps, int64_t rows, int64_t d, float* out,
+void launch_rms_norm(DType act, const void* x, const float* w, float eps, int64_t rows, int64_t d, void* out,
                      cudaStream_t stream);
 
-// residual[r, :] += x[r, :]; out[r, :] = rms_norm(residual[r, :]) * w.
-void launch_add_rms_norm(float* residual, const float* x, const float* w, float eps, int64_t rows, int64_t d,
-                         float* out, cudaStream_t stream);
+// residual[r, :] += x[r, :]; out[r, :] = rms_norm(residual[r, :]) * w
+// (the sum is rounded to act before the norm reads it).
+void launch_add_rms_norm(DType act, void* residual, const void* x, const float* w, float eps, int64_t rows, int64_t d,
+                         void* out, cudaStream_t stream);
 
 // ---- rope/ -----------------------------------------------------------------------
 
 // In place, Hugging Face half rotation of the first rotary_dim dims of every
 // head: q [n, hq, hd], k [n, hk, hd]; angle = positions[t] * inv_freq[i] in fp32.
-void launch_rope(float* q, float* k, const int32_t* positions, int64_t n, int hq, int hk, int hd, const float* inv_freq,
-                 int rotary_dim, float attention_scaling, cudaStream_t stream);
+void launch_rope(DType act, void* q, void* k, const int32_t* positions, int64_t n, int hq, int hk, int hd,
+                 const float* inv_freq, int rotary_dim, float attention_scaling, cudaStream_t stream);
+
+// The fused attention input: qkv [n, (hq + 2 hk) * hd] of act; per head
+// optional RMSNorm (q_norm/k_norm [hd] or null), RoPE of q and k, q_out
+// [n, hq, hd] of act, K/V rows into the pages (cache_dtype) at
+// slot_mapping (-1 or >= num_slots skips).
+struct QkvRopeArgs {
+  DType act = DType::kF32;
+  const void* qkv = nullptr;
+  void* q_out = nullptr;
+  int64_t n = 0;
+  int hq = 0, hk = 0, hd = 0;
+  const float* q_norm = nullptr;
+  const float* k_norm = nullptr;
+  float eps = 0.0f;
+  const int32_t* positions = nullptr;
+  const float* inv_freq = nullptr;
+  int rotary_dim = 0;
+  float attention_scaling = 1.0f;
+  const int32_t* slot_mapping = nullptr;
+  DType cache_dtype = DType::kF32;
+  void* k_cache = nullptr;
+  void* v_cache = nullptr;
+  int64_t num_slots = 0;
+};
+void launch_qkv_rope_kv_write(const QkvRopeArgs& args, cudaStream_t stream);
 
 // ---- gemm/ -----------------------------------------------------------------------
 
@@ -60,25 +98,32 @@ void launch_rope(float* q, float* k, const int32_t* positions, int64_t n, int hq
 constexpr int kGemvRowsPerPass = 8;
 
 // out[i, j] = dot(x[i, :], dequant(w row j)) (+ bias[j]) for i < n, j < m, in
-// fp32 with fp32 activations. w rows are row_bytes apart; k % 32 == 0 for the
-// quantised dtypes. out has leading dimension m. bias may be null.
-void launch_gemv(DType dtype, const void* w, int64_t row_bytes, int64_t m, int64_t k, const float* x, int64_t n,
-                 const float* bias, float* out, cudaStream_t stream);
+// fp32 accumulation; x of x_dtype (F32/BF16), out of out_dtype (F32/BF16)
+// with leading dimension m. w rows are row_bytes apart; k % 32 == 0 for the
+// quantised dtypes. bias may be null.
+void launch_gemv(DType dtype, const void* w, int64_t row_bytes, int64_t m, int64_t k, DType x_dtype, const void* x,
+                 int64_t n, const float* bias, DType out_dtype, void* out, cudaStream_t stream);
 
-// dst[r, :] = dequant(w row r) as fp32, r < rows (dst leading dimension k).
-void launch_dequant_rows(DType dtype, const void* w, int64_t row_bytes, int64_t rows, int64_t k, float* dst,
-                         cudaStream_t stream);
+// dst[r, :] = dequant(w row r) as out_dtype (F32 or BF16), r < rows (dst
+// leading dimension k).
+void launch_dequant_rows(DType dtype, const void* w, int64_t row_bytes, int64_t rows, int64_t k, DType out_dtype,
+                         void* dst, cudaStream_t stream);
+inline void launch_dequant_rows(DType dtype, const void* w, int64_t row_bytes, int64_t rows, int64_t k, float* dst,
+                                cudaStream_t stream) {
+  launch_dequant_rows(dtype, w, row_bytes, rows, k, DType::kF32, dst, stream);
+}
 
 // ---- attention/ ------------------------------------------------------------------
 
-// Writes k, v [n, hk, hd] (fp32) into the pages at slot_mapping[t] (page *
+// Writes k, v [n, hk, hd] (act dtype) into the pages at slot_mapping[t] (page *
 // block_size + row, -1 skips; slots >= num_slots are skipped). Caches are
 // [num_slots, hk, hd] of cache_dtype (F32, F16 or BF16).
-void launch_kv_write(const float* k, const float* v, const int32_t* slot_mapping, int64_t n, int hk, int hd,
+void launch_kv_write(DType act, const void* k, const void* v, const int32_t* slot_mapping, int64_t n, int hk, int hd,
                      DType cache_dtype, void* k_cache, void* v_cache, int64_t num_slots, cudaStream_t stream);
 
 struct PagedAttentionArgs {
-  const float* q = nullptr;       // [num_tokens, hq, hd]
+  DType act = DType::kF32;        // dtype of q and out (F32 or BF16)
+  const void* q = nullptr;        // [num_tokens, hq, hd]
   const void* k_cache = nullptr;  // [num_blocks, block_size, hk, hd] of kv_dtype
   const void* v_cache = nullptr;
   DType kv_dtype = DType::kF32;
@@ -93,10 +138,14 @@ struct PagedAttentionArgs {
   const int32_t* positions = nullptr;      // [num_tokens]
   float scale = 1.0f;
   int window = 0;        // 0: unlimited
-  float* out = nullptr;  // [num_tokens, hq, hd]
+  void* out = nullptr;   // [num_tokens, hq, hd] of act
   // Split along the KV sequence: num_splits > 1 needs partial buffers
   // part_acc [num_splits, num_tokens, hq, hd] and part_ml [num_splits, num_tokens, hq, 2].
   int num_splits = 1;
+  // Each split takes at least this many keys (rounded up to the kernel's key
+  // tile); splits past a sequence's range are empty. Lets a decode step fix
+  // num_splits without knowing the step's lengths (graph contract).
+  int min_keys_per_split = 0;
   float* part_acc = nullptr;
   float* part_ml = nullptr;
 };
@@ -112,5 +161,21 @@ inline int attention_tiles_per_seq(int max_q_len, int group) {
 }
 
 void launch_paged_attention(const PagedAttentionArgs& args, cudaStream_t stream);
+
+// out = merge of the num_splits partials (part_acc, part_ml) into args.out.
+void launch_combine_splits(const PagedAttentionArgs& args, cudaStream_t stream);
+
+// Decode steps (num_tokens == num_seqs, one query token each): the
+// GQA-aware split-KV kernel of attention/decode_attention.cu. Supported for
+// head_dim 64/128 and G = hq / hk in {1, 2, 4, 8} with 16-byte aligned pages;
+// otherwise use launch_paged_attention.
+bool decode_attention_supported(const PagedAttentionArgs& args);
+
+// Prefill and mixed steps on tensor cores (attention/prefill_attention.cu):
+// BF16 q/out and BF16 pages, head_dim 64/128, num_splits == 1; otherwise use
+// launch_paged_attention.
+bool prefill_attention_supported(const PagedAttentionArgs& args);
+void launch_prefill_attention(const PagedAttentionArgs& args, cudaStream_t stream);
+void launch_decode_attention(const PagedAttentionArgs& args, cudaStream_t stream);
 
 }  // namespace osprey::cuda

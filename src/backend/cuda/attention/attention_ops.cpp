@@ -12,6 +12,9 @@ namespace {
 // A split below this many keys costs more in the merge than it saves.
 constexpr int kMinKeysPerSplit = 256;
 constexpr int kMaxSplits = 32;
+// The decode kernel's splits are cheaper to merge: fill the SMs sooner.
+constexpr int kMinKeysPerDecodeSplit = 64;
+constexpr int kMaxDecodeSplits = 64;
 
 bool is_kv_dtype(DType t) {
   return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16;
@@ -31,7 +34,8 @@ void check_cache(const ops::LayerKv& kv, int64_t hk, int64_t hd) {
 }  // namespace
 
 void CudaBackend::kv_write(const Tensor& k, const Tensor& v, const ops::AttentionBatch& batch, ops::LayerKv& kv) {
-  OSP_CHECK_MSG(k.dtype() == DType::kF32 && v.dtype() == DType::kF32, "kv_write k, v must be F32");
+  OSP_CHECK_MSG(k.dtype() == v.dtype() && supports_activation_dtype(k.dtype()),
+                "kv_write k, v must be F32 or BF16 (same dtype)");
   OSP_CHECK_MSG(k.device() == Device::kCuda && v.device() == Device::kCuda, "kv_write k, v must be on the device");
   OSP_CHECK_EQ(k.ndim(), 3);
   OSP_CHECK_EQ(v.ndim(), 3);
@@ -40,14 +44,15 @@ void CudaBackend::kv_write(const Tensor& k, const Tensor& v, const ops::Attentio
   check_cache(kv, k.dim(1), k.dim(2));
   if (batch.num_tokens == 0) return;
   bind_device();
-  launch_kv_write(k.data_as<float>(), v.data_as<float>(), batch.slot_mapping, batch.num_tokens,
+  launch_kv_write(k.dtype(), k.data(), v.data(), batch.slot_mapping, batch.num_tokens,
                   static_cast<int>(k.dim(1)), static_cast<int>(k.dim(2)), kv.k.dtype(), kv.k.data(), kv.v.data(),
                   kv.k.dim(0) * kv.k.dim(1), stream_);
 }
 
 void CudaBackend::paged_attention(const Tensor& q, const ops::LayerKv& kv, const ops::AttentionBatch& batch,
                                   float scale, int sliding_window, Tensor& out) {
-  OSP_CHECK_MSG(q.dtype() == DType::kF32 && out.dtype() == DType::kF32, "paged_attention q, out must be F32");
+  OSP_CHECK_MSG(q.dtype() == out.dtype() && supports_activation_dtype(q.dtype()),
+                "paged_attention q, out must be F32 or BF16 (same dtype)");
   OSP_CHECK_MSG(q.device() == Device::kCuda && out.device() == Device::kCuda,
                 "paged_attention q, out must be on the device");
   OSP_CHECK_EQ(q.ndim(), 3);
@@ -65,7 +70,8 @@ void CudaBackend::paged_attention(const Tensor& q, const ops::LayerKv& kv, const
   bind_device();
 
   PagedAttentionArgs a;
-  a.q = q.data_as<float>();
+  a.act = q.dtype();
+  a.q = q.data();
   a.k_cache = kv.k.data();
   a.v_cache = kv.v.data();
   a.kv_dtype = kv.k.dtype();
@@ -85,14 +91,29 @@ void CudaBackend::paged_attention(const Tensor& q, const ops::LayerKv& kv, const
   a.positions = batch.positions;
   a.scale = scale;
   a.window = sliding_window;
-  a.out = out.data_as<float>();
+  a.out = out.data();
+  // A pure decode step (one query token per sequence, padded sequences
+  // included): everything launched depends on num_seqs and the shapes only
+  // (graph contract in ops/backend.h); each split takes >= kMinKeysPerSplit
+  // keys, so short contexts leave the later splits empty.
+  const bool decode = batch.num_tokens == batch.num_seqs && batch.max_q_len <= 1;
+  if (decode) a.max_q_len = 1;
 
-  // Split the KV range when the tiles alone leave most SMs idle.
+  const bool decode_kernel = decode && decode_attention_supported(a);
   int splits = options_.attention_splits;
-  if (splits <= 0) {
+  if (splits <= 0 && decode) {
+    const int64_t blocks =
+        int64_t{batch.num_seqs} * (decode_kernel ? 1 : attention_tiles_per_seq(1, hq / hk)) * hk;
+    splits = static_cast<int>(std::clamp<int64_t>((2 * int64_t{num_sms_} + blocks - 1) / blocks, 1,
+                                                  decode_kernel ? kMaxDecodeSplits : kMaxSplits));
+    a.min_keys_per_split = decode_kernel ? kMinKeysPerDecodeSplit : kMinKeysPerSplit;
+  } else if (splits <= 0) {
+    // Split the KV range when the tiles alone leave most SMs idle (the
+    // tensor-core prefill kernel does not split).
     splits = 1;
     const int64_t blocks = int64_t{batch.num_seqs} * attention_tiles_per_seq(batch.max_q_len, hq / hk) * hk;
-    if (batch.max_kv_len >= 2 * kMinKeysPerSplit && blocks < 2 * int64_t{num_sms_}) {
+    if (!prefill_attention_supported(a) && batch.max_kv_len >= 2 * kMinKeysPerSplit &&
+        blocks < 2 * int64_t{num_sms_}) {
       const int64_t by_len = batch.max_kv_len / kMinKeysPerSplit;
       const int64_t by_sms = (2 * int64_t{num_sms_} + blocks - 1) / blocks;
       splits = static_cast<int>(std::clamp<int64_t>(std::min(by_len, by_sms), 1, kMaxSplits));
@@ -104,7 +125,13 @@ void CudaBackend::paged_attention(const Tensor& q, const ops::LayerKv& kv, const
     a.part_acc = attn_acc_.reserve_as<float>(rows * static_cast<size_t>(hd), stream_);
     a.part_ml = attn_ml_.reserve_as<float>(rows * 2, stream_);
   }
-  launch_paged_attention(a, stream_);
+  if (decode_kernel) {
+    launch_decode_attention(a, stream_);
+  } else if (!decode && splits == 1 && prefill_attention_supported(a)) {
+    launch_prefill_attention(a, stream_);
+  } else {
+    launch_paged_attention(a, stream_);
+  }
 }
 
 }  // namespace osprey::cuda

@@ -9,49 +9,39 @@ namespace osprey::cuda {
 namespace {
 
 // One block per token; threads stride over its hk * hd values.
-template <class T>
-__global__ void kv_write_kernel(const float* __restrict__ k, const float* __restrict__ v,
+template <class S, class T>
+__global__ void kv_write_kernel(const S* __restrict__ k, const S* __restrict__ v,
                                 const int32_t* __restrict__ slot_mapping, int64_t row, T* __restrict__ k_cache,
                                 T* __restrict__ v_cache, int64_t num_slots) {
   const int64_t t = blockIdx.x;
   const int32_t slot = slot_mapping[t];
   if (slot < 0 || slot >= num_slots) return;
-  const float* ks = k + t * row;
-  const float* vs = v + t * row;
+  const S* ks = k + t * row;
+  const S* vs = v + t * row;
   T* kd = k_cache + static_cast<int64_t>(slot) * row;
   T* vd = v_cache + static_cast<int64_t>(slot) * row;
   for (int64_t i = threadIdx.x; i < row; i += blockDim.x) {
-    kd[i] = from_float<T>(ks[i]);
-    vd[i] = from_float<T>(vs[i]);
+    kd[i] = from_float<T>(to_float(ks[i]));
+    vd[i] = from_float<T>(to_float(vs[i]));
   }
 }
 
 }  // namespace
 
-void launch_kv_write(const float* k, const float* v, const int32_t* slot_mapping, int64_t n, int hk, int hd,
+void launch_kv_write(DType act, const void* k, const void* v, const int32_t* slot_mapping, int64_t n, int hk, int hd,
                      DType cache_dtype, void* k_cache, void* v_cache, int64_t num_slots, cudaStream_t stream) {
   if (n == 0) return;
   OSP_CHECK_LE(n, int64_t{2147483647});
   const int64_t row = int64_t{hk} * hd;
   const int threads = static_cast<int>(std::clamp<int64_t>(ceil_div(row, 32) * 32, 32, 256));
   const unsigned grid = static_cast<unsigned>(n);
-  switch (cache_dtype) {
-    case DType::kF32:
-      kv_write_kernel<float><<<grid, threads, 0, stream>>>(k, v, slot_mapping, row, static_cast<float*>(k_cache),
-                                                           static_cast<float*>(v_cache), num_slots);
-      break;
-    case DType::kF16:
-      kv_write_kernel<__half><<<grid, threads, 0, stream>>>(k, v, slot_mapping, row, static_cast<__half*>(k_cache),
-                                                            static_cast<__half*>(v_cache), num_slots);
-      break;
-    case DType::kBF16:
-      kv_write_kernel<__nv_bfloat16><<<grid, threads, 0, stream>>>(k, v, slot_mapping, row,
-                                                                   static_cast<__nv_bfloat16*>(k_cache),
-                                                                   static_cast<__nv_bfloat16*>(v_cache), num_slots);
-      break;
-    default:
-      OSP_CHECK_MSG(false, "kv_write: unsupported KV dtype " << dtype_name(cache_dtype));
-  }
+  OSP_DISPATCH_ACT(act, S, {
+    OSP_DISPATCH_FLOAT(cache_dtype, T, {
+      kv_write_kernel<S, T><<<grid, threads, 0, stream>>>(static_cast<const S*>(k), static_cast<const S*>(v),
+                                                          slot_mapping, row, static_cast<T*>(k_cache),
+                                                          static_cast<T*>(v_cache), num_slots);
+    });
+  });
   OSP_CUDA_CHECK_LAUNCH();
 }
 

@@ -46,7 +46,7 @@ __device__ __forceinline__ float group_sum(float v) {
   return v;
 }
 
-template <int kHd, class KvT>
+template <int kHd, class KvT, class QT>
 __global__ void __launch_bounds__(kThreads) paged_attention_kernel(PagedAttentionArgs a, int tiles_per_seq) {
   constexpr int kPad = kHd + 1;
   constexpr int kPerLane = kHd / kSub;
@@ -88,8 +88,8 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(PagedAttentio
       hi = INT_MIN;
     }
   }
-  const float* qrow = a.q + (static_cast<int64_t>(token) * a.hq + head) * hd;
-  for (int d = sub; d < kHd; d += kSub) sQ[row * kPad + d] = row_valid && d < hd ? qrow[d] : 0.0f;
+  const QT* qrow = static_cast<const QT*>(a.q) + (static_cast<int64_t>(token) * a.hq + head) * hd;
+  for (int d = sub; d < kHd; d += kSub) sQ[row * kPad + d] = row_valid && d < hd ? to_float(qrow[d]) : 0.0f;
   if (sub == 0) {
     sLo[row] = lo;
     sHi[row] = hi;
@@ -105,8 +105,8 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(PagedAttentio
   if (tile_lo < tile_hi) {
     const int span = tile_hi - tile_lo;
     const int per_split = (span + a.num_splits - 1) / a.num_splits;
-    const int chunk = (per_split + kKeys - 1) / kKeys * kKeys;
-    my_lo = tile_lo + split * chunk;
+    const int chunk = max((per_split + kKeys - 1) / kKeys * kKeys, a.min_keys_per_split);
+    my_lo = min(tile_hi, tile_lo + split * chunk);  // splits past the range are empty
     my_hi = min(tile_hi, my_lo + chunk);
   }
 
@@ -189,11 +189,11 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(PagedAttentio
 
   if (!row_valid) return;
   if (a.num_splits == 1) {
-    float* o = a.out + (static_cast<int64_t>(token) * a.hq + head) * hd;
+    QT* o = static_cast<QT*>(a.out) + (static_cast<int64_t>(token) * a.hq + head) * hd;
 #pragma unroll
     for (int j = 0; j < kPerLane; ++j) {
       const int d = sub + kSub * j;
-      if (d < hd) o[d] = l > 0.0f ? acc[j] / l : 0.0f;
+      if (d < hd) o[d] = from_float<QT>(l > 0.0f ? acc[j] / l : 0.0f);
     }
   } else {
     const int64_t idx = (static_cast<int64_t>(split) * a.num_tokens + token) * a.hq + head;
@@ -211,85 +211,96 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(PagedAttentio
 }
 
 // One block per (token, query head): merges the splits' partial results.
+// Warp 0 turns the splits' (m, l) into weights w_z = exp(m_z - M) / sum
+// (num_splits <= kMaxCombineSplits), then every thread sums its dims over
+// the splits with independent loads.
+constexpr int kMaxCombineSplits = 64;
+
+template <class QT>
 __global__ void combine_splits_kernel(const float* __restrict__ part_acc, const float* __restrict__ part_ml,
-                                      int num_splits, int64_t rows, int hd, float* __restrict__ out) {
+                                      int num_splits, int64_t rows, int hd, QT* __restrict__ out) {
+  __shared__ float sw[kMaxCombineSplits];
   const int64_t r = blockIdx.x;  // token * hq + head
-  float m_max = -INFINITY;
-  for (int z = 0; z < num_splits; ++z) m_max = fmaxf(m_max, part_ml[(z * rows + r) * 2]);
-  float denom = 0.0f;
-  if (m_max != -INFINITY) {
-    for (int z = 0; z < num_splits; ++z) {
-      const float mz = part_ml[(z * rows + r) * 2];
-      denom += expf(mz - m_max) * part_ml[(z * rows + r) * 2 + 1];
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
+    float m[2], l[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int z = lane + 32 * i;
+      m[i] = z < num_splits ? part_ml[(z * rows + r) * 2] : -INFINITY;
+      l[i] = z < num_splits ? part_ml[(z * rows + r) * 2 + 1] : 0.0f;
+    }
+    const float mx = warp_max(fmaxf(m[0], m[1]));
+    float w[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) w[i] = mx == -INFINITY || m[i] == -INFINITY ? 0.0f : expf(m[i] - mx);
+    const float denom = warp_sum(w[0] * l[0] + w[1] * l[1]);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int z = lane + 32 * i;
+      if (z < kMaxCombineSplits) sw[z] = denom > 0.0f && z < num_splits ? w[i] / denom : 0.0f;
     }
   }
+  __syncthreads();
   for (int d = threadIdx.x; d < hd; d += blockDim.x) {
     float num = 0.0f;
-    if (denom > 0.0f) {
-      for (int z = 0; z < num_splits; ++z) {
-        const float mz = part_ml[(z * rows + r) * 2];
-        if (mz != -INFINITY) num += expf(mz - m_max) * part_acc[(z * rows + r) * hd + d];
-      }
+#pragma unroll 4
+    for (int z = 0; z < num_splits; ++z) {
+      const float wz = sw[z];
+      if (wz != 0.0f) num += wz * part_acc[(z * rows + r) * hd + d];
     }
-    out[r * hd + d] = denom > 0.0f ? num / denom : 0.0f;
+    out[r * hd + d] = from_float<QT>(num);
   }
 }
 
-template <int kHd, class KvT>
+template <int kHd, class KvT, class QT>
 void launch_typed(const PagedAttentionArgs& a, cudaStream_t stream) {
   const int group = a.hq / a.hk;
   const int tiles = attention_tiles_per_seq(a.max_q_len, group);
   const int64_t blocks_x = static_cast<int64_t>(a.num_seqs) * tiles;
   OSP_CHECK_LE(blocks_x, int64_t{2147483647});
   constexpr size_t smem = smem_bytes<kHd>();
-  auto kernel = paged_attention_kernel<kHd, KvT>;
+  auto kernel = paged_attention_kernel<kHd, KvT, QT>;
   if (smem > 48 * 1024) {
     OSP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   }
   const dim3 grid(static_cast<unsigned>(blocks_x), static_cast<unsigned>(a.hk), static_cast<unsigned>(a.num_splits));
   kernel<<<grid, kThreads, smem, stream>>>(a, tiles);
   OSP_CUDA_CHECK_LAUNCH();
-  if (a.num_splits > 1) {
-    const int64_t rows = static_cast<int64_t>(a.num_tokens) * a.hq;
-    const int threads = std::clamp(a.hd / 32 * 32, 32, 128);
-    combine_splits_kernel<<<static_cast<unsigned>(rows), threads, 0, stream>>>(a.part_acc, a.part_ml, a.num_splits,
-                                                                               rows, a.hd, a.out);
-    OSP_CUDA_CHECK_LAUNCH();
-  }
+  if (a.num_splits > 1) launch_combine_splits(a, stream);
 }
 
-template <class KvT>
+template <class KvT, class QT>
 void launch_for_kv(const PagedAttentionArgs& a, cudaStream_t stream) {
   if (a.hd <= 64) {
-    launch_typed<64, KvT>(a, stream);
+    launch_typed<64, KvT, QT>(a, stream);
   } else if (a.hd <= 128) {
-    launch_typed<128, KvT>(a, stream);
+    launch_typed<128, KvT, QT>(a, stream);
   } else {
-    launch_typed<256, KvT>(a, stream);
+    launch_typed<256, KvT, QT>(a, stream);
   }
 }
 
 }  // namespace
 
+void launch_combine_splits(const PagedAttentionArgs& a, cudaStream_t stream) {
+  const int64_t rows = static_cast<int64_t>(a.num_tokens) * a.hq;
+  if (rows == 0) return;
+  OSP_CHECK_LE(a.num_splits, kMaxCombineSplits);
+  const int threads = std::clamp(a.hd / 32 * 32, 32, 128);
+  OSP_DISPATCH_ACT(a.act, QT,
+                   combine_splits_kernel<QT><<<static_cast<unsigned>(rows), threads, 0, stream>>>(
+                       a.part_acc, a.part_ml, a.num_splits, rows, a.hd, static_cast<QT*>(a.out)));
+  OSP_CUDA_CHECK_LAUNCH();
+}
+
 void launch_paged_attention(const PagedAttentionArgs& a, cudaStream_t stream) {
   if (a.num_tokens == 0 || a.num_seqs == 0 || a.max_q_len == 0) return;
   OSP_CHECK(a.hk > 0 && a.hq % a.hk == 0);
   OSP_CHECK(a.hd > 0 && a.hd <= kMaxHeadDim);
-  OSP_CHECK(a.num_splits >= 1 && a.num_splits <= 65535);
+  OSP_CHECK(a.num_splits >= 1 && a.num_splits <= kMaxCombineSplits);
   OSP_CHECK(a.num_splits == 1 || (a.part_acc != nullptr && a.part_ml != nullptr));
-  switch (a.kv_dtype) {
-    case DType::kF32:
-      launch_for_kv<float>(a, stream);
-      break;
-    case DType::kF16:
-      launch_for_kv<__half>(a, stream);
-      break;
-    case DType::kBF16:
-      launch_for_kv<__nv_bfloat16>(a, stream);
-      break;
-    default:
-      OSP_CHECK_MSG(false, "paged_attention: unsupported KV dtype " << dtype_name(a.kv_dtype));
-  }
+  OSP_DISPATCH_ACT(a.act, QT, OSP_DISPATCH_FLOAT(a.kv_dtype, KvT, launch_for_kv<KvT, QT>(a, stream)));
 }
 
 }  // namespace osprey::cuda

@@ -1,10 +1,11 @@
 // Row-wise and elementwise kernels: embedding lookup, add, SiLU-and-mul,
-// row gather, bias broadcast and fp32 -> F16/BF16 conversion.
+// row gather, bias broadcast, float conversions and the seeded uniform fill.
 #include <algorithm>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_common.cuh"
 #include "backend/cuda/kernels.h"
+#include "ops/uniform_hash.h"
 
 namespace osprey::cuda {
 namespace {
@@ -18,36 +19,56 @@ unsigned grid_for(int64_t count) {
 }
 
 // One block per token; threads stride over the row.
-template <DType T>
+template <DType T, class OutT>
 __global__ void embedding_kernel(const char* table, int64_t row_bytes, int64_t vocab, int64_t d,
-                                 const int32_t* __restrict__ ids, float* __restrict__ out) {
+                                 const int32_t* __restrict__ ids, OutT* __restrict__ out) {
   const int64_t t = blockIdx.x;
   const int32_t id = ids[t];
-  float* o = out + t * d;
+  OutT* o = out + t * d;
   if (id < 0 || id >= vocab) {
-    for (int64_t i = threadIdx.x; i < d; i += blockDim.x) o[i] = 0.0f;
+    for (int64_t i = threadIdx.x; i < d; i += blockDim.x) o[i] = from_float<OutT>(0.0f);
     return;
   }
   const char* row = table + static_cast<int64_t>(id) * row_bytes;
-  for (int64_t i = threadIdx.x; i < d; i += blockDim.x) o[i] = load_weight<T>(row, i);
+  for (int64_t i = threadIdx.x; i < d; i += blockDim.x) o[i] = from_float<OutT>(load_weight<T>(row, i));
 }
 
-__global__ void add_kernel(float* __restrict__ x, const float* __restrict__ y, int64_t count) {
+template <class T>
+__global__ void add_kernel(T* __restrict__ x, const T* __restrict__ y, int64_t count) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    x[i] += y[i];
+    x[i] = from_float<T>(to_float(x[i]) + to_float(y[i]));
   }
 }
 
-__global__ void silu_mul_kernel(const float* __restrict__ gate_up, int64_t n, int64_t f, float* __restrict__ out) {
+// BF16 rows with f % 8 == 0 and 16-byte aligned rows: 8 outputs per thread.
+__global__ void silu_mul_bf16x8_kernel(const __nv_bfloat16* __restrict__ gate_up, int64_t n, int64_t f,
+                                       __nv_bfloat16* __restrict__ out) {
+  const int64_t count = n * f / 8;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = (i * 8) / f;
+    const int64_t c = i * 8 - r * f;
+    float g[8], u[8];
+    load8_act<__nv_bfloat16>(gate_up + r * 2 * f + c, g);
+    load8_act<__nv_bfloat16>(gate_up + r * 2 * f + f + c, u);
+    alignas(16) __nv_bfloat16 o[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) o[e] = __float2bfloat16_rn(g[e] / (1.0f + expf(-g[e])) * u[e]);
+    *reinterpret_cast<uint4*>(out + i * 8) = *reinterpret_cast<const uint4*>(o);
+  }
+}
+
+template <class T>
+__global__ void silu_mul_kernel(const T* __restrict__ gate_up, int64_t n, int64_t f, T* __restrict__ out) {
   const int64_t count = n * f;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t r = i / f;
     const int64_t c = i - r * f;
-    const float g = gate_up[r * 2 * f + c];
-    const float u = gate_up[r * 2 * f + f + c];
-    out[i] = g / (1.0f + expf(-g)) * u;
+    const float g = to_float(gate_up[r * 2 * f + c]);
+    const float u = to_float(gate_up[r * 2 * f + f + c]);
+    out[i] = from_float<T>(g / (1.0f + expf(-g)) * u);
   }
 }
 
@@ -66,65 +87,91 @@ __global__ void gather_rows_kernel(const Word* __restrict__ x, int64_t row_words
   for (int64_t i = threadIdx.x; i < row_words; i += blockDim.x) o[i] = s[i];
 }
 
-__global__ void fill_rows_kernel(const float* __restrict__ bias, int64_t n, int64_t m, float* __restrict__ out) {
+template <class T>
+__global__ void fill_rows_kernel(const float* __restrict__ bias, int64_t n, int64_t m, T* __restrict__ out,
+                                 int64_t ldo) {
   const int64_t count = n * m;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    out[i] = bias[i % m];
+    const int64_t r = i / m;
+    const int64_t c = i - r * m;
+    out[r * ldo + c] = from_float<T>(bias[c]);
+  }
+}
+
+template <class S, class D>
+__global__ void convert_kernel(const S* __restrict__ src, int64_t count, D* __restrict__ dst) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    dst[i] = from_float<D>(to_float(src[i]));
   }
 }
 
 template <class T>
-__global__ void convert_kernel(const float* __restrict__ src, int64_t count, T* __restrict__ dst) {
+__global__ void fill_uniform_kernel(T* __restrict__ dst, int64_t count, uint64_t seed, float lo, float span) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    dst[i] = from_float<T>(src[i]);
+    dst[i] = from_float<T>(fmaf(span, ops::uniform_hash01(seed, static_cast<uint64_t>(i)), lo));
   }
 }
 
 }  // namespace
 
 void launch_embedding(DType dtype, const void* table, int64_t row_bytes, int64_t vocab, int64_t d, const int32_t* ids,
-                      int64_t n, float* out, cudaStream_t stream) {
+                      int64_t n, DType out_dtype, void* out, cudaStream_t stream) {
   if (n == 0 || d == 0) return;
   OSP_CHECK_LE(n, int64_t{2147483647});
   const int threads = static_cast<int>(std::min<int64_t>(kThreads, ceil_div(d, 32) * 32));
   const auto* t = static_cast<const char*>(table);
   const dim3 grid(static_cast<unsigned>(n));
-  switch (dtype) {
-    case DType::kF32:
-      embedding_kernel<DType::kF32><<<grid, threads, 0, stream>>>(t, row_bytes, vocab, d, ids, out);
-      break;
-    case DType::kF16:
-      embedding_kernel<DType::kF16><<<grid, threads, 0, stream>>>(t, row_bytes, vocab, d, ids, out);
-      break;
-    case DType::kBF16:
-      embedding_kernel<DType::kBF16><<<grid, threads, 0, stream>>>(t, row_bytes, vocab, d, ids, out);
-      break;
-    case DType::kQ8_0:
-      embedding_kernel<DType::kQ8_0><<<grid, threads, 0, stream>>>(t, row_bytes, vocab, d, ids, out);
-      break;
-    case DType::kQ4_0:
-      embedding_kernel<DType::kQ4_0><<<grid, threads, 0, stream>>>(t, row_bytes, vocab, d, ids, out);
-      break;
-    case DType::kQ4_1:
-      embedding_kernel<DType::kQ4_1><<<grid, threads, 0, stream>>>(t, row_bytes, vocab, d, ids, out);
-      break;
-    default:
-      OSP_CHECK_MSG(false, "embedding: unsupported table dtype " << dtype_name(dtype));
-  }
+  OSP_DISPATCH_ACT(out_dtype, O, {
+    O* o = static_cast<O*>(out);
+    switch (dtype) {
+      case DType::kF32:
+        embedding_kernel<DType::kF32, O><<<grid, threads, 0, stream>>>(t, row_bytes, vocab, d, ids, o);
+        break;
+      case DType::kF16:
+        embedding_kernel<DType::kF16, O><<<grid, threads, 0, stream>>>(t, row_bytes, vocab, d, ids, o);
+        break;
+      case DType::kBF16:
+        embedding_kernel<DType::kBF16, O><<<grid, threads, 0, stream>>>(t, row_bytes, vocab, d, ids, o);
+        break;
+      case DType::kQ8_0:
+        embedding_kernel<DType::kQ8_0, O><<<grid, threads, 0, stream>>>(t, row_bytes, vocab, d, ids, o);
+        break;
+      case DType::kQ4_0:
+        embedding_kernel<DType::kQ4_0, O><<<grid, threads, 0, stream>>>(t, row_bytes, vocab, d, ids, o);
+        break;
+      case DType::kQ4_1:
+        embedding_kernel<DType::kQ4_1, O><<<grid, threads, 0, stream>>>(t, row_bytes, vocab, d, ids, o);
+        break;
+      default:
+        OSP_CHECK_MSG(false, "embedding: unsupported table dtype " << dtype_name(dtype));
+    }
+  });
   OSP_CUDA_CHECK_LAUNCH();
 }
 
-void launch_add(float* x, const float* y, int64_t count, cudaStream_t stream) {
+void launch_add(DType act, void* x, const void* y, int64_t count, cudaStream_t stream) {
   if (count == 0) return;
-  add_kernel<<<grid_for(count), kThreads, 0, stream>>>(x, y, count);
+  OSP_DISPATCH_ACT(act, T,
+                   add_kernel<T><<<grid_for(count), kThreads, 0, stream>>>(static_cast<T*>(x),
+                                                                           static_cast<const T*>(y), count));
   OSP_CUDA_CHECK_LAUNCH();
 }
 
-void launch_silu_mul(const float* gate_up, int64_t n, int64_t f, float* out, cudaStream_t stream) {
+void launch_silu_mul(DType act, const void* gate_up, int64_t n, int64_t f, void* out, cudaStream_t stream) {
   if (n * f == 0) return;
-  silu_mul_kernel<<<grid_for(n * f), kThreads, 0, stream>>>(gate_up, n, f, out);
+  if (act == DType::kBF16 && f % 8 == 0 && reinterpret_cast<uintptr_t>(gate_up) % 16 == 0 &&
+      reinterpret_cast<uintptr_t>(out) % 16 == 0) {
+    silu_mul_bf16x8_kernel<<<grid_for(n * f / 8), kThreads, 0, stream>>>(
+        static_cast<const __nv_bfloat16*>(gate_up), n, f, static_cast<__nv_bfloat16*>(out));
+    OSP_CUDA_CHECK_LAUNCH();
+    return;
+  }
+  OSP_DISPATCH_ACT(act, T,
+                   silu_mul_kernel<T><<<grid_for(n * f), kThreads, 0, stream>>>(static_cast<const T*>(gate_up), n, f,
+                                                                                static_cast<T*>(out)));
   OSP_CUDA_CHECK_LAUNCH();
 }
 
@@ -145,21 +192,32 @@ void launch_gather_rows(const void* x, int64_t row_bytes, int64_t num_x_rows, co
   OSP_CUDA_CHECK_LAUNCH();
 }
 
-void launch_fill_rows(const float* bias, int64_t n, int64_t m, float* out, cudaStream_t stream) {
+void launch_fill_rows(const float* bias, int64_t n, int64_t m, DType out_dtype, void* out, int64_t ldo,
+                      cudaStream_t stream) {
   if (n * m == 0) return;
-  fill_rows_kernel<<<grid_for(n * m), kThreads, 0, stream>>>(bias, n, m, out);
+  OSP_DISPATCH_ACT(out_dtype, T,
+                   fill_rows_kernel<T><<<grid_for(n * m), kThreads, 0, stream>>>(bias, n, m, static_cast<T*>(out),
+                                                                                 ldo));
   OSP_CUDA_CHECK_LAUNCH();
 }
 
-void launch_convert_f32(const float* src, int64_t count, DType to, void* dst, cudaStream_t stream) {
+void launch_convert(DType from, const void* src, int64_t count, DType to, void* dst, cudaStream_t stream) {
   if (count == 0) return;
-  if (to == DType::kF16) {
-    convert_kernel<__half><<<grid_for(count), kThreads, 0, stream>>>(src, count, static_cast<__half*>(dst));
-  } else {
-    OSP_CHECK_MSG(to == DType::kBF16, "convert_f32: unsupported target " << dtype_name(to));
-    convert_kernel<__nv_bfloat16>
-        <<<grid_for(count), kThreads, 0, stream>>>(src, count, static_cast<__nv_bfloat16*>(dst));
-  }
+  OSP_DISPATCH_FLOAT(from, S, {
+    OSP_DISPATCH_FLOAT(to, D, {
+      convert_kernel<S, D><<<grid_for(count), kThreads, 0, stream>>>(static_cast<const S*>(src), count,
+                                                                     static_cast<D*>(dst));
+    });
+  });
+  OSP_CUDA_CHECK_LAUNCH();
+}
+
+void launch_fill_uniform(DType dtype, void* dst, int64_t count, uint64_t seed, float lo, float hi,
+                         cudaStream_t stream) {
+  if (count == 0) return;
+  OSP_DISPATCH_FLOAT(dtype, T, {
+    fill_uniform_kernel<T><<<grid_for(count), kThreads, 0, stream>>>(static_cast<T*>(dst), count, seed, lo, hi - lo);
+  });
   OSP_CUDA_CHECK_LAUNCH();
 }
 

@@ -1,17 +1,22 @@
-// CudaBackend::matmul: out[n, m] = x[n, k] @ w[m, k]^T (+ bias), fp32
-// activations and output, any weight dtype.
+// CudaBackend::matmul: out[n, m] = x[n, k] @ w[m, k]^T (+ bias), any weight
+// dtype; activations F32 (out F32) or BF16 (out BF16, or F32 for logits).
 //
-// Paths (the row thresholds are where cuBLAS starts to beat re-reading the
+// Paths (the row thresholds are where a GEMM starts to beat re-reading the
 // weights once per kGemvRowsPerPass rows):
 //   n <= kDenseGemvMaxRows (F32/F16/BF16) or kQuantGemvMaxRows (quantised):
-//     own GEMV kernels, fp32 activations (gemm/gemv.cu);
-//   F32 weights: cuBLAS SGEMM (fp32 compute, no TF32);
-//   F16/BF16 weights: activations converted to the weight dtype, cuBLAS with
-//     fp32 accumulation and fp32 output (tensor cores); with
-//     exact_fp32_matmul, like the quantised path instead;
-//   quantised weights: panels of weight rows dequantised to fp32 scratch,
-//     then SGEMM per panel.
+//     own GEMV kernels (gemm/gemv.cu), fp32 accumulation;
+//   BF16 activations: BF16 weights straight into cuBLASLt (bf16 in, fp32
+//     accumulate, BF16/F32 out, plans cached per shape); other weight dtypes
+//     in panels dequantised to BF16 scratch, then cuBLASLt per panel;
+//   F32 activations (the exact fp32 mode):
+//     F32 weights: cuBLAS SGEMM (fp32 compute, no TF32);
+//     F16/BF16 weights: activations converted to the weight dtype, cuBLAS with
+//       fp32 accumulation and fp32 output (tensor cores); with
+//       exact_fp32_matmul, like the quantised path instead;
+//     quantised weights: panels of weight rows dequantised to fp32 scratch,
+//       then SGEMM per panel.
 #include <algorithm>
+#include <cstring>
 #include <limits>
 
 #include "backend/cuda/cuda_backend_impl.h"
@@ -25,6 +30,15 @@ constexpr int64_t kDenseGemvMaxRows = 8;
 constexpr int64_t kQuantGemvMaxRows = 4 * kGemvRowsPerPass;
 // fp32 elements of one dequantised weight panel (64 MiB).
 constexpr int64_t kPanelElems = int64_t{16} << 20;
+constexpr size_t kLtWorkspaceBytes = size_t{32} << 20;  // == the cuBLAS workspace the backend reserves
+
+// Largest power of two (<= 256) dividing the address: what cuBLASLt may assume.
+uint64_t alignment_of(const void* p) {
+  const auto v = reinterpret_cast<uintptr_t>(p);
+  uint64_t a = 256;
+  while (a > 1 && v % a != 0) a >>= 1;
+  return a;
+}
 
 bool is_weight_dtype(DType t) {
   switch (t) {
@@ -69,8 +83,97 @@ void CudaBackend::gemm(const void* w, cudaDataType_t w_type, const void* x, cuda
                                 CUBLAS_GEMM_DEFAULT));
 }
 
+const CudaBackend::LtPlan& CudaBackend::lt_plan(const LtKey& key) {
+  auto it = lt_plans_.find(key);
+  if (it != lt_plans_.end()) return it->second;
+  const auto [n, m, k, ldo, out_type, accumulate, align] = key;
+  (void)accumulate;
+  LtPlan plan;
+  OSP_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t op_t = CUBLAS_OP_T, op_n = CUBLAS_OP_N;
+  OSP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_t, sizeof(op_t)));
+  OSP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_n, sizeof(op_n)));
+  // Column-major view: out^T [m, n] (ld ldo) = (w as [k, m])^T * (x as [k, n]).
+  OSP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.a, CUDA_R_16BF, static_cast<uint64_t>(k), static_cast<uint64_t>(m), k));
+  OSP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.b, CUDA_R_16BF, static_cast<uint64_t>(k), static_cast<uint64_t>(n), k));
+  OSP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.c, cuda_type(static_cast<DType>(out_type)), static_cast<uint64_t>(m),
+                                              static_cast<uint64_t>(n), ldo));
+  cublasLtMatmulPreference_t pref = nullptr;
+  OSP_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  const size_t ws = kLtWorkspaceBytes;
+  OSP_CUBLAS_CHECK(
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+  const uint32_t al_a = static_cast<uint32_t>(align & 0xffff), al_b = static_cast<uint32_t>((align >> 16) & 0xffff),
+                 al_c = static_cast<uint32_t>((align >> 32) & 0xffff);
+  OSP_CUBLAS_CHECK(
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof(al_a)));
+  OSP_CUBLAS_CHECK(
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof(al_b)));
+  OSP_CUBLAS_CHECK(
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof(al_c)));
+  OSP_CUBLAS_CHECK(
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof(al_c)));
+  cublasLtMatmulHeuristicResult_t result{};
+  int count = 0;
+  const cublasStatus_t st =
+      cublasLtMatmulAlgoGetHeuristic(lt_, plan.desc, plan.a, plan.b, plan.c, plan.c, pref, 1, &result, &count);
+  OSP_CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
+  if (st == CUBLAS_STATUS_SUCCESS && count > 0 && result.state == CUBLAS_STATUS_SUCCESS) {
+    plan.algo = result.algo;
+    plan.ok = true;
+  }
+  return lt_plans_.emplace(key, plan).first->second;
+}
+
+void CudaBackend::lt_gemm(const void* w, const void* x, int64_t n, int64_t m, int64_t k, DType out_type, void* out,
+                          int64_t ldo, bool accumulate) {
+  constexpr int64_t kMaxInt = std::numeric_limits<int>::max();
+  OSP_CHECK(n <= kMaxInt && m <= kMaxInt && k <= kMaxInt && ldo <= kMaxInt);
+  const float alpha = 1.0f;
+  const float beta = accumulate ? 1.0f : 0.0f;
+  const uint64_t align = alignment_of(w) | (alignment_of(x) << 16) | (alignment_of(out) << 32);
+  const LtPlan& plan = lt_plan(LtKey{n, m, k, ldo, static_cast<int>(out_type), accumulate, align});
+  if (plan.ok) {
+    OSP_CUBLAS_CHECK(cublasLtMatmul(lt_, plan.desc, &alpha, w, plan.a, x, plan.b, &beta, out, plan.c, out, plan.c,
+                                    &plan.algo, cublas_workspace_.get(), kLtWorkspaceBytes, stream_));
+    return;
+  }
+  OSP_CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(m), static_cast<int>(n),
+                                static_cast<int>(k), &alpha, w, CUDA_R_16BF, static_cast<int>(k), x, CUDA_R_16BF,
+                                static_cast<int>(k), &beta, out, cuda_type(out_type), static_cast<int>(ldo),
+                                CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+void CudaBackend::matmul_bf16(const Tensor& x, const Tensor& w, const float* b, Tensor& out) {
+  const int64_t m = w.dim(0), k = w.dim(1), n = x.rows();
+  const DType ot = out.dtype();
+  if (b) launch_fill_rows(b, n, m, ot, out.data(), m, stream_);
+  const bool accumulate = b != nullptr;
+  if (w.dtype() == DType::kBF16) {
+    lt_gemm(w.data(), x.data(), n, m, k, ot, out.data(), m, accumulate);
+    return;
+  }
+  // BF16 panels of weight rows; multiples of 128 rows keep each panel's
+  // output columns 256-byte aligned for cuBLASLt.
+  int64_t panel_rows = std::clamp<int64_t>(2 * kPanelElems / k, 1, m);
+  if (panel_rows < m && panel_rows > 128) panel_rows = panel_rows / 128 * 128;
+  auto* panel = panel_scratch_.reserve(static_cast<size_t>(panel_rows * k) * 2, stream_);
+  const auto* wp = static_cast<const char*>(w.data());
+  const size_t es = ot == DType::kF32 ? 4 : 2;
+  for (int64_t r0 = 0; r0 < m; r0 += panel_rows) {
+    const int64_t rows = std::min(panel_rows, m - r0);
+    launch_dequant_rows(w.dtype(), wp + r0 * w.row_bytes(), w.row_bytes(), rows, k, DType::kBF16, panel, stream_);
+    lt_gemm(panel, x.data(), n, rows, k, ot, static_cast<char*>(out.data()) + static_cast<size_t>(r0) * es, m,
+            accumulate);
+  }
+}
+
 void CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out) {
-  OSP_CHECK_MSG(x.dtype() == DType::kF32 && out.dtype() == DType::kF32, "matmul activations must be F32");
+  const DType xt = x.dtype(), ot = out.dtype();
+  OSP_CHECK_MSG((xt == DType::kF32 && ot == DType::kF32) ||
+                    (xt == DType::kBF16 && (ot == DType::kBF16 || ot == DType::kF32)),
+                "matmul: activations F32 -> F32 or BF16 -> BF16/F32, got " << dtype_name(xt) << " -> "
+                                                                            << dtype_name(ot));
   OSP_CHECK_MSG(x.device() == Device::kCuda && w.device() == Device::kCuda && out.device() == Device::kCuda,
                 "matmul tensors must be in CUDA device memory");
   OSP_CHECK_EQ(w.ndim(), 2);
@@ -92,22 +195,26 @@ void CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias, T
   }
   if (n == 0 || m == 0) return;
   bind_device();
-  float* o = out.data_as<float>();
-  const float* xp = x.data_as<float>();
   if (k == 0) {  // empty sum: out = bias or 0
     if (b) {
-      launch_fill_rows(b, n, m, o, stream_);
+      launch_fill_rows(b, n, m, ot, out.data(), m, stream_);
     } else {
-      OSP_CUDA_CHECK(cudaMemsetAsync(o, 0, static_cast<size_t>(n * m) * sizeof(float), stream_));
+      OSP_CUDA_CHECK(cudaMemsetAsync(out.data(), 0, static_cast<size_t>(out.nbytes()), stream_));
     }
     return;
   }
 
   if (n <= (quant ? kQuantGemvMaxRows : kDenseGemvMaxRows)) {
-    launch_gemv(w.dtype(), w.data(), w.row_bytes(), m, k, xp, n, b, o, stream_);
+    launch_gemv(w.dtype(), w.data(), w.row_bytes(), m, k, xt, x.data(), n, b, ot, out.data(), stream_);
     return;
   }
-  if (b) launch_fill_rows(b, n, m, o, stream_);
+  if (xt == DType::kBF16) {
+    matmul_bf16(x, w, b, out);
+    return;
+  }
+  float* o = out.data_as<float>();
+  const float* xp = x.data_as<float>();
+  if (b) launch_fill_rows(b, n, m, DType::kF32, o, m, stream_);
   const bool accumulate = b != nullptr;
 
   if (w.dtype() == DType::kF32) {

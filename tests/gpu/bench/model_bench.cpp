@@ -1,0 +1,329 @@
+// Whole-model figures on the CUDA backend with dummy weights of a bundled
+// config (default Llama-3-8B) in bf16: TTFT of one 2048-token prompt,
+// batch-1 decode time per step at several context lengths with MBU against
+// the measured copy bandwidth, and a per-op breakdown of one decode step and
+// of the prefill (CUDA events around every backend call). A benchmark: it
+// prints figures and asserts nothing. Built as model_bench next to gpu_tests.
+//
+// Usage: model_bench [config name, default llama-3-8b] [dtype, default bfloat16]
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_backend_impl.h"
+#include "model/model.h"
+
+namespace {
+
+using namespace osprey;
+
+#define CK(x)                                                                     \
+  do {                                                                            \
+    cudaError_t e_ = (x);                                                         \
+    if (e_ != cudaSuccess) {                                                      \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(1);                                                               \
+    }                                                                             \
+  } while (0)
+
+// Forwards every op to the CUDA backend; when on, brackets each call with
+// CUDA events on the backend's stream and files the time under a label.
+class ProfilingBackend final : public ops::Backend {
+ public:
+  ProfilingBackend(ops::Backend& inner, cudaStream_t stream) : b_(inner), stream_(stream) {
+    events_.resize(8192);
+    for (auto& e : events_) CK(cudaEventCreate(&e));
+  }
+  ~ProfilingBackend() override {
+    for (auto& e : events_) cudaEventDestroy(e);
+  }
+  bool on = false;
+  // label -> (total ms, calls) of the last collect()
+  std::map<std::string, std::pair<double, int>> collect() {
+    CK(cudaStreamSynchronize(stream_));
+    std::map<std::string, std::pair<double, int>> out;
+    for (size_t i = 0; i < labels_.size(); ++i) {
+      float ms = 0;
+      CK(cudaEventElapsedTime(&ms, events_[2 * i], events_[2 * i + 1]));
+      auto& s = out[labels_[i]];
+      s.first += ms;
+      s.second += 1;
+    }
+    labels_.clear();
+    return out;
+  }
+
+  Device device() const override { return b_.device(); }
+  const char* name() const override { return b_.name(); }
+  void* alloc(size_t n) override { return b_.alloc(n); }
+  void free(void* p) override { b_.free(p); }
+  void copy_to_device(void* d, const void* s, size_t n) override { b_.copy_to_device(d, s, n); }
+  void copy_to_host(void* d, const void* s, size_t n) override { b_.copy_to_host(d, s, n); }
+  void synchronize() override { b_.synchronize(); }
+  DType default_activation_dtype() const override { return b_.default_activation_dtype(); }
+  bool supports_activation_dtype(DType t) const override { return b_.supports_activation_dtype(t); }
+  void convert(const Tensor& s, Tensor& d) override { b_.convert(s, d); }
+  void fill_uniform(Tensor& t, uint64_t seed, float lo, float hi) override { b_.fill_uniform(t, seed, lo, hi); }
+
+  void embedding(const Tensor& t, const int32_t* ids, Tensor& o) override {
+    timed("embedding", [&] { b_.embedding(t, ids, o); });
+  }
+  void rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& o) override {
+    timed("rms_norm", [&] { b_.rms_norm(x, w, eps, o); });
+  }
+  void add_rms_norm(Tensor& r, const Tensor& x, const Tensor& w, float eps, Tensor& o) override {
+    timed("add_rms_norm", [&] { b_.add_rms_norm(r, x, w, eps, o); });
+  }
+  void add(Tensor& x, const Tensor& y) override {
+    timed("add", [&] { b_.add(x, y); });
+  }
+  void matmul(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& o) override {
+    const std::string label = "matmul " + std::to_string(w.dim(0)) + "x" + std::to_string(w.dim(1));
+    timed(label, [&] { b_.matmul(x, w, bias, o); });
+    bytes_[label] = static_cast<double>(w.nbytes());
+  }
+  void head_rms_norm(Tensor& x, const Tensor& w, float eps) override {
+    timed("head_rms_norm", [&] { b_.head_rms_norm(x, w, eps); });
+  }
+  void rope(Tensor& q, Tensor& k, const int32_t* p, const ops::RopeTable& t) override {
+    timed("rope", [&] { b_.rope(q, k, p, t); });
+  }
+  void silu_mul(const Tensor& g, Tensor& o) override {
+    timed("silu_mul", [&] { b_.silu_mul(g, o); });
+  }
+  void kv_write(const Tensor& k, const Tensor& v, const ops::AttentionBatch& a, ops::LayerKv& kv) override {
+    timed("kv_write", [&] { b_.kv_write(k, v, a, kv); });
+  }
+  void paged_attention(const Tensor& q, const ops::LayerKv& kv, const ops::AttentionBatch& a, float s, int w,
+                       Tensor& o) override {
+    timed("paged_attention", [&] { b_.paged_attention(q, kv, a, s, w, o); });
+  }
+  void gather_rows(const Tensor& x, const int32_t* r, int n, Tensor& o) override {
+    timed("gather_rows", [&] { b_.gather_rows(x, r, n, o); });
+  }
+  void qkv_rope_kv_write(const Tensor& qkv, const Tensor& qn, const Tensor& kn, float eps, const ops::RopeTable& rt,
+                         const ops::AttentionBatch& a, ops::LayerKv& kv, Tensor& q) override {
+    timed("qkv_rope_kv_write", [&] { b_.qkv_rope_kv_write(qkv, qn, kn, eps, rt, a, kv, q); });
+  }
+  double weight_bytes_of(const std::string& label) const {
+    auto it = bytes_.find(label);
+    return it == bytes_.end() ? 0.0 : it->second;
+  }
+
+ private:
+  template <class F>
+  void timed(const std::string& label, F&& fn) {
+    if (!on || 2 * labels_.size() + 2 > events_.size()) {
+      fn();
+      return;
+    }
+    const size_t i = labels_.size();
+    CK(cudaEventRecord(events_[2 * i], stream_));
+    fn();
+    CK(cudaEventRecord(events_[2 * i + 1], stream_));
+    labels_.push_back(label);
+  }
+  ops::Backend& b_;
+  cudaStream_t stream_;
+  std::vector<cudaEvent_t> events_;
+  std::vector<std::string> labels_;
+  std::map<std::string, double> bytes_;
+};
+
+// Device copies of one step's inputs for a single sequence.
+struct Step {
+  std::vector<void*> bufs;
+  ForwardBatch fb;
+};
+
+int32_t* put(ops::Backend& be, Step& s, const std::vector<int32_t>& v) {
+  void* p = be.alloc(std::max<size_t>(4, v.size() * 4));
+  be.copy_to_device(p, v.data(), v.size() * 4);
+  s.bufs.push_back(p);
+  return static_cast<int32_t*>(p);
+}
+
+// A step of `n` new tokens at positions [ctx - n, ctx) of one sequence whose
+// pages are 0, 1, 2, ... (block size bs); logits of the last token.
+Step make_step(ops::Backend& be, int n, int ctx, int bs, int vocab) {
+  Step s;
+  std::vector<int32_t> ids(static_cast<size_t>(n)), pos(static_cast<size_t>(n)), slots(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    ids[static_cast<size_t>(i)] = (i * 7919 + 13) % vocab;
+    pos[static_cast<size_t>(i)] = ctx - n + i;
+    slots[static_cast<size_t>(i)] = ctx - n + i;
+  }
+  const int pages = (ctx + bs - 1) / bs;
+  std::vector<int32_t> bidx(static_cast<size_t>(pages));
+  std::iota(bidx.begin(), bidx.end(), 0);
+  s.fb.token_ids = put(be, s, ids);
+  s.fb.attn.num_seqs = 1;
+  s.fb.attn.num_tokens = n;
+  s.fb.attn.max_q_len = n;
+  s.fb.attn.max_kv_len = ctx;
+  s.fb.attn.q_indptr = put(be, s, {0, n});
+  s.fb.attn.kv_lens = put(be, s, {ctx});
+  s.fb.attn.block_indptr = put(be, s, {0, pages});
+  s.fb.attn.block_indices = put(be, s, bidx);
+  s.fb.attn.positions = put(be, s, pos);
+  s.fb.attn.slot_mapping = put(be, s, slots);
+  s.fb.logit_rows = put(be, s, {n - 1});
+  s.fb.num_logit_rows = 1;
+  return s;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+void print_breakdown(ProfilingBackend& prof, const std::map<std::string, std::pair<double, int>>& ops, double copy_gbs) {
+  double total = 0;
+  for (const auto& [k, v] : ops) total += v.first;
+  std::vector<std::pair<std::string, std::pair<double, int>>> rows(ops.begin(), ops.end());
+  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.first > b.second.first; });
+  std::printf("  %-28s %6s %10s %7s %12s\n", "op", "calls", "ms", "share", "GB/s weights");
+  for (const auto& [k, v] : rows) {
+    const double wb = prof.weight_bytes_of(k) * v.second;
+    char rate[64] = "";
+    if (wb > 0) std::snprintf(rate, sizeof rate, "%8.0f (%2.0f%%)", wb / (v.first * 1e-3) / 1e9,
+                              100.0 * wb / (v.first * 1e-3) / 1e9 / copy_gbs);
+    std::printf("  %-28s %6d %10.3f %6.1f%% %s\n", k.c_str(), v.second, v.first, 100.0 * v.first / total, rate);
+  }
+  std::printf("  %-28s %6s %10.3f (sum of op times)\n", "total", "", total);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string config = argc > 1 ? argv[1] : "llama-3-8b";
+  const std::string dtype = argc > 2 ? argv[2] : "bfloat16";
+  auto cuda_be = cuda::make_cuda_backend({});
+  if (!cuda_be) return 1;
+  auto* impl = dynamic_cast<cuda::CudaBackend*>(cuda_be.get());
+  ProfilingBackend be(*cuda_be, impl->stream());
+  std::printf("device: %s\n", be.name());
+
+  // Copy bandwidth ceiling: 2 GiB device to device, read + write counted.
+  double copy_gbs = 0;
+  {
+    const size_t bytes = size_t{2} << 30;
+    void* a = be.alloc(bytes);
+    void* b = be.alloc(bytes);
+    std::vector<double> t;
+    for (int r = 0; r < 12; ++r) {
+      be.synchronize();
+      const auto t0 = std::chrono::steady_clock::now();
+      CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, impl->stream()));
+      be.synchronize();
+      if (r >= 2) t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    copy_gbs = 2.0 * static_cast<double>(bytes) / median(t) / 1e9;
+    be.free(a);
+    be.free(b);
+    std::printf("copy d2d 2 GiB: %.0f GB/s (read + write)\n", copy_gbs);
+  }
+
+  ModelLoadOptions o;
+  o.load_format = "dummy";
+  o.dtype = dtype;
+  const auto t_load = std::chrono::steady_clock::now();
+  auto model_or = Model::load(config, be, o);
+  if (!model_or.ok()) {
+    std::fprintf(stderr, "load: %s\n", model_or.status().to_string().c_str());
+    return 1;
+  }
+  Model& model = **model_or;
+  const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
+  const ModelConfig& c = model.config();
+  std::printf("model: %s dummy, %s activations, %s KV; %.2f GB of weights, made in %.2f s; KV %zu B/token\n",
+              config.c_str(), std::string(dtype_name(model.activation_dtype())).c_str(),
+              std::string(dtype_name(model.kv_dtype())).c_str(), static_cast<double>(model.weight_bytes()) / 1e9,
+              load_s, model.kv_bytes_per_token());
+
+  const int bs = 16, max_ctx = 8192, prompt = 2048;
+  KvCache kv = model.allocate_kv(max_ctx / bs + 1, bs);
+  model.reserve(prompt, 1);
+
+  // TTFT: one 2048-token prompt (forward incl. the last row's logits).
+  {
+    Step s = make_step(be, prompt, prompt, bs, c.vocab_size);
+    std::vector<double> t;
+    for (int r = 0; r < 7; ++r) {
+      be.synchronize();
+      const auto t0 = std::chrono::steady_clock::now();
+      model.forward(s.fb, kv);
+      be.synchronize();
+      if (r >= 2) t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+    const double ms = median(t);
+    const double flops = 2.0 * static_cast<double>(c.num_parameters()) * prompt;
+    std::printf("\nTTFT, one %d-token prompt: %.2f ms (%.0f TFLOP/s on 2 x params x tokens)\n", prompt, ms,
+                flops / (ms * 1e-3) / 1e12);
+    be.on = true;
+    model.forward(s.fb, kv);
+    be.on = false;
+    std::printf("prefill breakdown (%d tokens):\n", prompt);
+    print_breakdown(be, be.collect(), copy_gbs);
+    for (void* p : s.bufs) be.free(p);
+  }
+
+  // Batch-1 decode at several contexts (KV beyond the prompt is zeros).
+  const double embed_bytes = static_cast<double>(c.vocab_size) * c.hidden_size *
+                             static_cast<double>(dtype_row_bytes(model.activation_dtype(), 1));
+  std::printf("\nbatch-1 decode (bytes/step = weights without the embedding table + KV read):\n");
+  std::printf("  %8s %10s %8s %10s %7s\n", "context", "ms/step", "tok/s", "GB/step", "MBU");
+  for (int ctx : {512, 2048, 4096, 8192}) {
+    Step s = make_step(be, 1, ctx, bs, c.vocab_size);
+    std::vector<double> t;
+    for (int r = 0; r < 60; ++r) {
+      be.synchronize();
+      const auto t0 = std::chrono::steady_clock::now();
+      model.forward(s.fb, kv);
+      be.synchronize();
+      if (r >= 10) t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+    const double ms = median(t);
+    const double bytes = static_cast<double>(model.weight_bytes()) - embed_bytes +
+                         static_cast<double>(model.kv_bytes_per_token()) * ctx;
+    // The same step captured in a CUDA graph and replayed (no launch gaps).
+    double gms = 0;
+    if (cuda_be->supports_graphs()) {
+      cuda_be->begin_capture();
+      model.forward(s.fb, kv);
+      auto graph = cuda_be->end_capture();
+      if (graph) {
+        std::vector<double> tg;
+        for (int r = 0; r < 60; ++r) {
+          be.synchronize();
+          const auto t0 = std::chrono::steady_clock::now();
+          graph->launch();
+          be.synchronize();
+          if (r >= 10)
+            tg.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+        }
+        gms = median(tg);
+      }
+    }
+    std::printf("  %8d %10.3f %8.1f %10.2f %6.1f%%   graph replay: %.3f ms/step, %.1f tok/s, MBU %.1f%%\n", ctx, ms,
+                1000.0 / ms, bytes / 1e9, 100.0 * bytes / (ms * 1e-3) / 1e9 / copy_gbs, gms, gms > 0 ? 1000.0 / gms : 0,
+                gms > 0 ? 100.0 * bytes / (gms * 1e-3) / 1e9 / copy_gbs : 0);
+    if (ctx == 2048) {
+      be.on = true;
+      model.forward(s.fb, kv);
+      be.on = false;
+      std::printf("decode breakdown at context %d (event-timed, launch gaps excluded):\n", ctx);
+      print_breakdown(be, be.collect(), copy_gbs);
+    }
+    for (void* p : s.bufs) be.free(p);
+  }
+  model.free_kv(kv);
+  return 0;
+}
