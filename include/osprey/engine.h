@@ -164,6 +164,11 @@ struct RequestOutput {
   // entry per prompt token (the first has none: token_id set, logprob 0, rank 0).
   std::vector<TokenLogprob> prompt_logprobs;
   bool finished = false;                  // every sequence has finished
+  // Queue time: seconds from submit() to the start of the engine step that
+  // first scheduled the request (its prefill not included). Set on exactly one
+  // output, the first delivered after that step (in practice the request's
+  // first output); unset on the others, and when it was never scheduled.
+  std::optional<double> queue_time_s;
   Usage usage;                            // running totals; final when finished
   Status error;                           // set when finish is kError
 };
@@ -216,6 +221,10 @@ struct EngineStats {
   int64_t decode_update_ns = 0;    // sampling and sequence updates
   int64_t decode_sample_ns = 0;    // of which in the sampler
   int64_t decode_loop_ns = 0;      // the rest of the loop: commands, stats, handing events to workers
+  // Device backends: device time of decode steps (copies, forward, sampling)
+  // over num_timed_decode_steps; busy fraction = device / (host + forward) time.
+  int64_t decode_device_ns = 0;
+  int64_t num_timed_decode_steps = 0;
 };
 
 struct ModelInfo {

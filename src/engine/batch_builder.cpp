@@ -19,6 +19,9 @@ void StepBatch::clear() {
   copies.clear();
   swap_out.clear();
   swap_in.clear();
+  sample_rows.clear();
+  sample_edits.clear();
+  need_host_logits = true;
 }
 
 void build_step_batch(SchedulerOutput& sched, int block_size, StepBatch& b) {

@@ -124,6 +124,8 @@ struct Engine::Impl {
     stats.decode_update_ns = cs.decode_update_ns;
     stats.decode_sample_ns = cs.decode_sample_ns;
     stats.decode_loop_ns = decode_loop_ns;
+    stats.decode_device_ns = cs.decode_device_ns;
+    stats.num_timed_decode_steps = cs.num_timed_decode_steps;
   }
 
   void run_loop() {
@@ -281,7 +283,10 @@ Expected<std::shared_ptr<RequestStream>> Engine::submit(Request request, OutputC
   if (prompt.empty()) {
     if (request.prompt.empty()) return invalid_argument("the prompt is empty");
     prompt = m.parts.codec->encode(request.prompt, request.add_special_tokens);
-    if (prompt.empty()) return invalid_argument("the prompt encodes to no tokens");
+    if (prompt.empty())
+      return invalid_argument(m.parts.text ? "the prompt encodes to no tokens"
+                                           : "this model has no tokenizer (dummy weights without --tokenizer): "
+                                             "send the prompt as token ids");
   }
   for (int32_t id : prompt)
     if (id < 0 || id >= vocab)
@@ -318,6 +323,9 @@ Expected<std::shared_ptr<RequestStream>> Engine::submit(Request request, OutputC
                                          std::span<const int32_t>(prompt.data() + P - tail, tail),
                                          std::move(callback), m.link);
     sink->first_prompt_token = prompt[0];
+    sink->submit_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                          std::chrono::steady_clock::now().time_since_epoch())
+                          .count();
     sink->key = m.next_key++;
     m.live.emplace(request.request_id, sink);
   }

@@ -24,6 +24,7 @@ EngineCore::EngineCore(const CoreConfig& config, Executor& executor)
       sampler_(executor.vocab_size()) {}
 
 Status EngineCore::initialize() {
+  executor_.set_limits(config_.scheduler.max_num_seqs, config_.max_model_len);
   OSP_RETURN_IF_ERROR(executor_.initialize(config_.num_blocks, config_.block_size,
                                            config_.scheduler.max_num_batched_tokens, scheduler_.max_logit_rows()));
   if (config_.num_swap_blocks > 0) OSP_RETURN_IF_ERROR(executor_.initialize_swap(config_.num_swap_blocks));
@@ -69,6 +70,7 @@ void EngineCore::finish(Sequence& seq, FinishReason reason, int32_t stop_token, 
       e->sink = req.sink;
       e->index = seq.index + k;
       e->num_cached_tokens = std::max(0, req.num_cached_tokens);
+      e->first_scheduled_ns = req.first_scheduled_ns;
     }
     e->finish = reason;
     e->stop_token_id = stop_token;
@@ -115,23 +117,93 @@ void EngineCore::fail_all(FinishReason reason, const Status& error, std::vector<
   }
 }
 
-void EngineCore::sample_into(Sequence& seq, const float* row, std::vector<SeqEvent>& events) {
-  RequestState& req = *seq.req;
-  const SamplingParams& p = req.params;
+void EngineCore::fill_stop_ids(const SamplingParams& p) {
   stop_ids_scratch_.clear();
   if (!p.ignore_eos) stop_ids_scratch_ = config_.eos_token_ids;
   stop_ids_scratch_.insert(stop_ids_scratch_.end(), p.stop_token_ids.begin(), p.stop_token_ids.end());
+}
 
-  SampleInput in;
-  in.params = &p;
-  in.prompt = std::span<const int32_t>(seq.tokens.data(), seq.num_prompt_tokens);
-  in.output = std::span<const int32_t>(seq.tokens.data() + seq.num_prompt_tokens, seq.num_output());
-  in.stop_ids = stop_ids_scratch_;
-  in.seed = req.seed;
-  in.seq_index = seq.index;
-  in.position = seq.num_tokens();
+void EngineCore::plan_device_sampling() {
+  // Rows the device samples: every sampled token whose parameters it
+  // handles, within its limits; everything else (prompt logprobs, the rest)
+  // needs the logits on the host.
+  const DeviceSamplingLimits lim = executor_.device_sampling_limits();
+  sample_task_.assign(sched_out_.seqs.size(), -1);
+  bool host = false;
+  int scratch_rows = 0;
+  for (size_t i = 0; i < sched_out_.seqs.size(); ++i) {
+    const ScheduledSeq& ss = sched_out_.seqs[i];
+    if (ss.num_prompt_logprob_rows > 0) host = true;
+    if (!ss.sample) continue;
+    const Sequence& seq = *ss.seq;
+    const RequestState& req = *seq.req;
+    const SamplingParams& p = req.params;
+    const bool fork = !req.forked && p.n > 1;
+    const int count = fork ? p.n : 1;
+    const int first = static_cast<int>(batch_.sample_rows.size());
+    if (lim.max_rows == 0 || !device_can_sample(p) || first + count > lim.max_rows) {
+      host = true;
+      continue;
+    }
+    fill_stop_ids(p);
+    const size_t edit_mark = batch_.sample_edits.ids.size();
+    const int scratch_mark = scratch_rows;
+    bool ok = true;
+    for (int k = 0; k < count; ++k) {
+      DeviceSampleRow r;
+      r.logit_row = ss.first_logit_row + ss.num_prompt_logprob_rows;
+      const size_t before = batch_.sample_edits.ids.size();
+      make_device_sample_row(p, std::span<const int32_t>(seq.tokens.data(), seq.num_prompt_tokens),
+                             std::span<const int32_t>(seq.tokens.data() + seq.num_prompt_tokens, seq.num_output()),
+                             stop_ids_scratch_, req.seed, seq.index + k, seq.num_tokens(), r, batch_.sample_edits);
+      r.scratch_row = batch_.sample_edits.ids.size() > before ? scratch_rows++ : -1;
+      batch_.sample_rows.push_back(r);
+    }
+    if (scratch_rows > lim.max_scratch_rows || static_cast<int>(batch_.sample_edits.ids.size()) > lim.max_edits)
+      ok = false;
+    if (!ok) {  // over the device's limits: this sequence samples on the host
+      batch_.sample_rows.resize(static_cast<size_t>(first));
+      batch_.sample_edits.ids.resize(edit_mark);
+      batch_.sample_edits.vals.resize(edit_mark);
+      scratch_rows = scratch_mark;
+      host = true;
+      continue;
+    }
+    sample_task_[i] = first;
+  }
+  batch_.need_host_logits = host;
+}
+
+void EngineCore::sample_into(Sequence& seq, const float* row, const DeviceSampleResult* device,
+                             std::vector<SeqEvent>& events) {
+  RequestState& req = *seq.req;
+  const SamplingParams& p = req.params;
+  SampleResult r;
   const int64_t t0 = now_ns();
-  SampleResult r = sampler_.sample(row, in);
+  if (device) {
+    r.token = device->token;
+    if (p.logprobs >= 0) {
+      LogprobData d;
+      d.token_id = device->token;
+      d.logprob = device->logprob;
+      d.rank = device->rank;
+      const int k = std::min(p.logprobs, kMaxDeviceTopLogprobs);
+      d.top.reserve(static_cast<size_t>(k));
+      for (int i = 0; i < k; ++i) d.top.emplace_back(device->top_ids[i], device->top_logprobs[i]);
+      r.logprobs = std::move(d);
+    }
+  } else {
+    fill_stop_ids(p);
+    SampleInput in;
+    in.params = &p;
+    in.prompt = std::span<const int32_t>(seq.tokens.data(), seq.num_prompt_tokens);
+    in.output = std::span<const int32_t>(seq.tokens.data() + seq.num_prompt_tokens, seq.num_output());
+    in.stop_ids = stop_ids_scratch_;
+    in.seed = req.seed;
+    in.seq_index = seq.index;
+    in.position = seq.num_tokens();
+    r = sampler_.sample(row, in);
+  }
   step_sample_ns_ += now_ns() - t0;
 
   seq.tokens.push_back(r.token);
@@ -143,6 +215,7 @@ void EngineCore::sample_into(Sequence& seq, const float* row, std::vector<SeqEve
   ev.token = r.token;
   ev.logprobs = std::move(r.logprobs);
   ev.num_cached_tokens = std::max(0, req.num_cached_tokens);
+  ev.first_scheduled_ns = req.first_scheduled_ns;
 
   const int out_len = seq.num_output();
   if (out_len >= p.min_tokens) {
@@ -173,14 +246,15 @@ Status EngineCore::step(std::vector<SeqEvent>& events) {
     // copied before their pages are reused.
     if (sched_out_.swap_out.empty()) return Status::Ok();
     build_step_batch(sched_out_, config_.block_size, batch_);
-    Expected<const float*> done = executor_.execute(batch_);
+    Expected<StepOutput> done = executor_.execute_step(batch_);
     if (!done.ok()) fail_all(FinishReason::kError, done.status(), events);
     return done.status();
   }
   ++stats_.num_steps;
   build_step_batch(sched_out_, config_.block_size, batch_);
+  plan_device_sampling();
   const int64_t t2 = now_ns();
-  Expected<const float*> logits = executor_.execute(batch_);
+  Expected<StepOutput> logits = executor_.execute_step(batch_);
   const int64_t t3 = now_ns();
   const bool decode_only = sched_out_.num_tokens == static_cast<int>(sched_out_.seqs.size());
   if (!logits.ok()) {
@@ -188,15 +262,18 @@ Status EngineCore::step(std::vector<SeqEvent>& events) {
     return logits.status();
   }
   const int vocab = executor_.vocab_size();
-  const float* base = *logits;
+  const float* base = logits->logits;
+  const DeviceSampleResult* samples = logits->samples;
 
   // Requests touched this step; released after the loop so that no
   // ScheduledSeq points into a destroyed request.
   std::vector<RequestState*> touched;
   touched.reserve(sched_out_.seqs.size());
-  for (ScheduledSeq& ss : sched_out_.seqs) {
+  for (size_t si = 0; si < sched_out_.seqs.size(); ++si) {
+    ScheduledSeq& ss = sched_out_.seqs[si];
     Sequence& seq = *ss.seq;
     RequestState& req = *seq.req;
+    if (req.first_scheduled_ns == 0) req.first_scheduled_ns = t0;
     touched.push_back(&req);
     const int begin = seq.num_computed;
     seq.num_computed += ss.num_new;
@@ -210,6 +287,7 @@ Status EngineCore::step(std::vector<SeqEvent>& events) {
       ev.sink = req.sink;
       ev.index = seq.index;
       ev.num_cached_tokens = std::max(0, req.num_cached_tokens);
+      ev.first_scheduled_ns = req.first_scheduled_ns;
       const int lp_begin = std::max(begin, seq.prompt_logprob_pos);
       for (int r = 0; r < ss.num_prompt_logprob_rows; ++r) {
         const int pos = lp_begin + r;
@@ -220,7 +298,11 @@ Status EngineCore::step(std::vector<SeqEvent>& events) {
       seq.prompt_logprob_pos = lp_begin + ss.num_prompt_logprob_rows;
     }
     if (!ss.sample) continue;
-    const float* row = base + static_cast<size_t>(ss.first_logit_row + ss.num_prompt_logprob_rows) * vocab;
+    const int task = sample_task_[si];
+    const DeviceSampleResult* device = task >= 0 ? samples + task : nullptr;
+    OSP_CHECK(device || base);
+    const float* row =
+        device ? nullptr : base + static_cast<size_t>(ss.first_logit_row + ss.num_prompt_logprob_rows) * vocab;
     if (!req.forked && req.params.n > 1) {
       // First token of an n > 1 request: the siblings share the prompt's pages.
       OSP_CHECK_EQ(seq.index, 0);
@@ -238,9 +320,9 @@ Status EngineCore::step(std::vector<SeqEvent>& events) {
         req.seqs.push_back(std::move(child));
       }
       req.num_live = req.params.n;
-      for (int k = 0; k < req.params.n; ++k) sample_into(*req.seqs[k], row, events);
+      for (int k = 0; k < req.params.n; ++k) sample_into(*req.seqs[k], row, device ? device + k : nullptr, events);
     } else {
-      sample_into(seq, row, events);
+      sample_into(seq, row, device, events);
     }
   }
   std::sort(touched.begin(), touched.end());
@@ -254,6 +336,10 @@ Status EngineCore::step(std::vector<SeqEvent>& events) {
     stats_.decode_forward_ns += t3 - t2;
     stats_.decode_update_ns += now_ns() - t3;
     stats_.decode_sample_ns += step_sample_ns_;
+    if (const int64_t dev = executor_.last_step_device_ns(); dev >= 0) {
+      stats_.decode_device_ns += dev;
+      ++stats_.num_timed_decode_steps;
+    }
   }
   return Status::Ok();
 }

@@ -44,6 +44,7 @@ struct SeqEvent {
   FinishReason finish = FinishReason::kNone;
   int32_t stop_token_id = -1;
   int num_cached_tokens = 0;
+  int64_t first_scheduled_ns = 0;           // RequestState::first_scheduled_ns (0: never scheduled)
   Status error;
 };
 
@@ -61,6 +62,10 @@ struct CoreStats {
   int64_t decode_forward_ns = 0;   // Executor::execute (copies + forward + logits to host)
   int64_t decode_update_ns = 0;    // sampling + update (stops, prefix cache, release)
   int64_t decode_sample_ns = 0;    // of which in the sampler (penalties, argmax / draw, logprobs)
+  // Device time of decode steps (copies, forward, sampling; -1 per step not
+  // measured is left out): the GPU-busy fraction is this over the steps' wall time.
+  int64_t decode_device_ns = 0;
+  int64_t num_timed_decode_steps = 0;
 };
 
 class EngineCore {
@@ -94,7 +99,12 @@ class EngineCore {
   const StepBatch& last_batch() const { return batch_; }
 
  private:
-  void sample_into(Sequence& seq, const float* row, std::vector<SeqEvent>& events);
+  // One sampled token: from the device's result when `device` is set, else
+  // by the host sampler over `row` (raw logits).
+  void sample_into(Sequence& seq, const float* row, const DeviceSampleResult* device, std::vector<SeqEvent>& events);
+  // Fills batch_.sample_rows / sample_edits / need_host_logits and sample_task_.
+  void plan_device_sampling();
+  void fill_stop_ids(const SamplingParams& p);
   void finish(Sequence& seq, FinishReason reason, int32_t stop_token, std::vector<SeqEvent>& events,
               SeqEvent* ev);
   void release_request_if_done(RequestState& req);
@@ -109,6 +119,8 @@ class EngineCore {
   SchedulerOutput sched_out_;
   StepBatch batch_;
   std::vector<int32_t> stop_ids_scratch_;
+  // Per scheduled sequence of the step: its first row in batch_.sample_rows, or -1 (host).
+  std::vector<int> sample_task_;
   int64_t step_sample_ns_ = 0;  // sampler time of the current step
   CoreStats stats_;
 };

@@ -1,5 +1,9 @@
 // Engine::create: the real model and tokenizer behind the engine. Kept apart
 // from engine.cpp so that tests with a fake executor do not link the model.
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
 #include "engine/engine_impl.h"
 #include "engine/model_executor.h"
 #include "engine/tokenizer_loader.h"
@@ -13,7 +17,7 @@ namespace osprey {
 namespace {
 
 Expected<std::unique_ptr<ops::Backend>> make_backend(const EngineConfig& config) {
-  if (config.device == "cpu") return ops::make_cpu_backend(config.num_threads);
+  if (config.device == "cpu") return ops::make_cpu_backend(config.num_threads, config.quantize_activations);
   if (config.device.rfind("cuda", 0) == 0) {
 #ifdef OSPREY_HAVE_CUDA
     int index = 0;
@@ -37,6 +41,41 @@ Expected<std::unique_ptr<ops::Backend>> make_backend(const EngineConfig& config)
   return invalid_argument("device must be cpu, cuda or cuda:N, got '" + config.device + "'");
 }
 
+// Device backends without an explicit KV size: the pool gets
+// total x gpu_memory_utilization - (memory in use after weights, step
+// buffers and a profiling forward at max_num_batched_tokens).
+Status size_kv_pool(const EngineConfig& config, ModelExecutor& exec, size_t kv_bytes_per_token, int model_max_len,
+                    EngineConfig& sized) {
+  if (exec.backend().device() == Device::kCpu || config.kv_cache_bytes_explicit || config.num_kv_blocks > 0)
+    return Status::Ok();
+  if (kv_bytes_per_token == 0) return invalid_argument("KV bytes per token unknown");
+  if (config.block_size <= 0 || config.max_num_batched_tokens <= 0 || config.max_num_seqs <= 0)
+    return Status::Ok();  // make_engine reports these
+  int max_len = config.max_model_len > 0 ? config.max_model_len : model_max_len;
+  if (max_len <= 0) max_len = 4096;
+  exec.set_limits(config.max_num_seqs, max_len);
+  // As Scheduler::max_logit_rows().
+  const int prompt_rows = config.enable_chunked_prefill ? std::max(1, config.max_prompt_logprob_rows)
+                                                        : config.max_num_batched_tokens;
+  OSP_ASSIGN_OR_RETURN(ModelExecutor::MemoryProfile prof,
+                       exec.profile_memory(config.max_num_batched_tokens, config.max_num_seqs + prompt_rows,
+                                           config.block_size));
+  if (!prof.measured) return Status::Ok();
+  const size_t page_bytes = kv_bytes_per_token * static_cast<size_t>(config.block_size);
+  OSP_ASSIGN_OR_RETURN(int64_t pages, kv_pages_from_memory(prof.free_bytes, prof.total_bytes,
+                                                           config.gpu_memory_utilization, page_bytes));
+  sized.num_kv_blocks = static_cast<int>(pages);
+  const double mib = 1.0 / (1 << 20);
+  spdlog::info(
+      "device memory: {:.0f} MiB total x {:.2f} utilization; in use before step buffers {:.0f} MiB (weights {:.0f} "
+      "MiB as stored, context), after the profiling forward at {} tokens {:.0f} MiB (activations, workspaces, "
+      "sampler: {:.0f} MiB); KV pool {} pages of {} tokens = {} tokens, {:.0f} MiB",
+      prof.total_bytes * mib, config.gpu_memory_utilization, prof.before_bytes * mib, prof.weight_bytes * mib,
+      config.max_num_batched_tokens, prof.in_use_bytes * mib, (prof.in_use_bytes - prof.before_bytes) * mib, pages,
+      config.block_size, pages * config.block_size, static_cast<double>(pages) * page_bytes * mib);
+  return Status::Ok();
+}
+
 }  // namespace
 
 Expected<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
@@ -45,18 +84,25 @@ Expected<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
   OSP_ASSIGN_OR_RETURN(std::unique_ptr<ops::Backend> backend, make_backend(config));
   ModelLoadOptions load;
   load.load_format = config.load_format;
+  load.dtype = config.dtype;
+  load.kv_cache_dtype = config.kv_cache_dtype;
+  load.tokenizer = config.tokenizer;
   OSP_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::load(path, *backend, load));
-  OSP_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer, load_tokenizer_for_model(*model));
-  std::shared_ptr<const Tokenizer> shared_tokenizer(std::move(tokenizer));
+  OSP_ASSIGN_OR_RETURN(ModelText model_text, load_model_text(*model));
   EngineParts parts;
   parts.eos_token_ids.assign(model->config().eos_token_ids.begin(), model->config().eos_token_ids.end());
   parts.model_max_len = model->config().max_position_embeddings;
   parts.kv_bytes_per_token = model->kv_bytes_per_token();
   parts.model_path = path;
-  parts.codec = make_tokenizer_codec(shared_tokenizer);
-  parts.text = TextProcessor::wrap(shared_tokenizer);
-  parts.executor = std::make_unique<ModelExecutor>(std::move(backend), std::move(model));
-  return make_engine(config, std::move(parts));
+  parts.codec = std::move(model_text.codec);
+  if (model_text.tokenizer) parts.text = TextProcessor::wrap(model_text.tokenizer);  // null: token ids only
+  ExecutorOptions exec_options;
+  exec_options.enable_graphs = !config.enforce_eager;
+  auto executor = std::make_unique<ModelExecutor>(std::move(backend), std::move(model), exec_options);
+  EngineConfig sized = config;
+  OSP_RETURN_IF_ERROR(size_kv_pool(config, *executor, parts.kv_bytes_per_token, parts.model_max_len, sized));
+  parts.executor = std::move(executor);
+  return make_engine(sized, std::move(parts));
 }
 
 }  // namespace osprey

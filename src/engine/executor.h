@@ -8,6 +8,7 @@
 
 #include "kv/block_table.h"
 #include "osprey/status.h"
+#include "sampling/device_sampling.h"
 
 namespace osprey {
 
@@ -33,8 +34,31 @@ struct StepBatch {
   // {host slot src -> device page dst}, then the forward.
   std::vector<BlockCopy> swap_out;
   std::vector<BlockCopy> swap_in;
+  // Tokens sampled on the device (executors with device_sampling_limits().max_rows > 0):
+  // one row per token; logit_row indexes logit_rows' order. Filled by the engine core.
+  std::vector<DeviceSampleRow> sample_rows;
+  DeviceSampleEdits sample_edits;
+  // Whether execute_step must copy every logit row to the host (rows sampled
+  // or scored on the host: prompt logprobs, rows the device cannot sample).
+  bool need_host_logits = true;
 
   void clear();
+};
+
+// What one step returns to the host.
+struct StepOutput {
+  // [logit_rows.size(), vocab] F32 in host memory when need_host_logits (else
+  // null), valid until the next call.
+  const float* logits = nullptr;
+  // [sample_rows.size()] in host memory, valid until the next call.
+  const DeviceSampleResult* samples = nullptr;
+};
+
+// Bounds of device sampling in one step; max_rows == 0: none (host sampling).
+struct DeviceSamplingLimits {
+  int max_rows = 0;
+  int max_edits = 0;
+  int max_scratch_rows = 0;  // rows with edits (scratch_row >= 0)
 };
 
 class Executor {
@@ -56,6 +80,26 @@ class Executor {
   // This is the one place logits cross to the host: a device backend copies
   // them here (or, later, samples on the device and returns only ids).
   virtual Expected<const float*> execute(const StepBatch& batch) = 0;
+
+  // Step limits the engine guarantees, given before initialize(): sequences
+  // per step and tokens per sequence (sizes fixed device arrays).
+  virtual void set_limits(int max_num_seqs, int max_model_len) {
+    (void)max_num_seqs;
+    (void)max_model_len;
+  }
+  virtual DeviceSamplingLimits device_sampling_limits() const { return {}; }
+  // Device time of the last execute_step (its copies, forward and sampling),
+  // nanoseconds; -1 where not measured.
+  virtual int64_t last_step_device_ns() const { return -1; }
+  // execute() plus device sampling of batch.sample_rows; only the sampled
+  // ids (and logprobs), and the logits when batch.need_host_logits, reach the host.
+  virtual Expected<StepOutput> execute_step(const StepBatch& batch) {
+    Expected<const float*> logits = execute(batch);
+    if (!logits.ok()) return logits.status();
+    StepOutput out;
+    out.logits = *logits;
+    return out;
+  }
 };
 
 }  // namespace osprey

@@ -1,7 +1,20 @@
 // ModelExecutor: the Executor over a loaded Model on its backend. Owns the
-// paged KV cache and the device copies of each step's index arrays.
+// paged KV cache, the fixed device arrays of each step's inputs (allocated
+// once, so their pointers never change), their pinned host staging, the
+// device sampler's buffers and the CUDA graphs of decode steps.
+//
+// A step on a device backend: swap-out copies, page copies and swap-in
+// copies are queued on the backend's stream (device-to-device, or through
+// pinned host slots); the step's index arrays are packed into pinned staging
+// and uploaded with two or three queued copies; the forward runs eagerly or
+// replays the graph of its batch-size bucket; the device sampler turns the
+// sampled rows into ids (and logprobs); the ids (and the logits, only when
+// some row is sampled or scored on the host) are copied back, and the step
+// waits for the stream once.
 #pragma once
 
+#include <cstdint>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -12,43 +25,135 @@
 
 namespace osprey {
 
+struct ExecutorOptions {
+  // Replay CUDA graphs for pure-decode steps (where the backend supports them).
+  bool enable_graphs = true;
+  // Sample on the device where the backend supports it.
+  bool enable_device_sampling = true;
+};
+
+// Batch-size buckets of decode graphs: 1, 2, 4, 8, then multiples of 8, and
+// max_bucket itself. Returns the smallest bucket >= n, or 0 when n > max_bucket
+// (or n <= 0).
+int decode_graph_bucket(int n, int max_bucket);
+
+// KV pool sizing from a memory report (bytes). The pool gets
+//   total * utilization - in_use
+// where in_use = total - free after weights, step buffers and the profiling
+// forward (everything the process holds except the pool). Returns the number
+// of pages of page_bytes, or an error when nothing is left.
+Expected<int64_t> kv_pages_from_memory(size_t free_bytes, size_t total_bytes, double utilization,
+                                       size_t page_bytes);
+
 class ModelExecutor final : public Executor {
  public:
   // The executor owns the backend and the model (declared in that order so
   // the model is destroyed first).
-  ModelExecutor(std::unique_ptr<ops::Backend> backend, std::unique_ptr<Model> model);
+  ModelExecutor(std::unique_ptr<ops::Backend> backend, std::unique_ptr<Model> model, ExecutorOptions options = {});
   ~ModelExecutor() override;
 
   int vocab_size() const override { return model_->config().vocab_size; }
+  void set_limits(int max_num_seqs, int max_model_len) override;
   Status initialize(int num_blocks, int block_size, int max_tokens, int max_logit_rows) override;
   Status initialize_swap(int num_host_blocks) override;
+  // All logit rows to the host (no device sampling).
   Expected<const float*> execute(const StepBatch& batch) override;
+  Expected<StepOutput> execute_step(const StepBatch& batch) override;
+  DeviceSamplingLimits device_sampling_limits() const override;
+  int64_t last_step_device_ns() const override { return last_device_ns_; }
+
+  // Device backends, before initialize(): reserves the step buffers for
+  // steps of max_tokens tokens, runs one forward of max_tokens tokens (the
+  // largest activation and workspace use) over a one-page KV cache, frees
+  // that cache and reports the device memory. False `measured` on the CPU.
+  struct MemoryProfile {
+    bool measured = false;
+    size_t free_bytes = 0;
+    size_t total_bytes = 0;
+    size_t weight_bytes = 0;   // Model::weight_bytes() (as stored)
+    size_t before_bytes = 0;   // in use before the step buffers and the profile (weights, context)
+    size_t in_use_bytes = 0;   // total - free after the profile
+  };
+  Expected<MemoryProfile> profile_memory(int max_tokens, int max_logit_rows, int block_size);
 
   Model& model() { return *model_; }
+  ops::Backend& backend() { return *backend_; }
+  const KvCache& kv() const { return kv_; }
+  int num_graphs() const { return static_cast<int>(graphs_.size()); }
+  int64_t num_graph_replays() const { return num_graph_replays_; }
+  int64_t num_eager_decode_steps() const { return num_eager_decode_; }
+  bool graphs_enabled() const { return graphs_on_; }
+  // Turns decode graphs off (or back on, where supported) from now on.
+  void set_graphs_enabled(bool on);
 
  private:
+  // Byte offsets of the step arrays in the staging and device buffers.
+  struct Layout {
+    size_t token_ids = 0, positions = 0, slot_mapping = 0, q_indptr = 0, kv_lens = 0, block_indptr = 0,
+           logit_rows = 0, block_indices = 0, sample_rows = 0, edit_ids = 0, edit_vals = 0, bytes = 0;
+    int max_tokens = 0, max_seqs = 0, max_block_indices = 0, max_logit_rows = 0, max_sample_rows = 0,
+        max_edits = 0, max_scratch_rows = 0;
+  };
   void copy_blocks(const std::vector<BlockCopy>& copies);
   // Device page -> host slot (to_host) or host slot -> device page, every layer's K and V.
   void swap_blocks(const std::vector<BlockCopy>& copies, bool to_host);
-  // Host array -> pointer the backend can read (CPU: the host array itself).
-  const int32_t* to_device(int slot, const std::vector<int32_t>& host);
+  // CPU backend: the host arrays themselves.
+  Expected<StepOutput> execute_on_host(const StepBatch& b);
+  Status allocate_step_buffers(int max_tokens, int max_logit_rows, int block_size);
+  void free_step_buffers();
+  // Packs the step (padded to `padded` decode sequences when > num_seqs) into
+  // the staging buffer and queues its upload. Returns the ForwardBatch over
+  // the device arrays.
+  ForwardBatch stage(const StepBatch& b, int padded);
+  ForwardBatch device_batch(int num_seqs, int num_tokens, int max_q_len, int max_kv_len, int num_logit_rows) const;
+  // Forward of one step of max_tokens tokens writing no KV (scratch sizes).
+  void warm_up(KvCache& kv, int block_size);
+  // Eager forwards of every decode bucket, all sequences padded.
+  void warm_up_decode(KvCache& kv);
+  Tensor run_graph(int bucket, const ForwardBatch& fb);
+  template <class T>
+  T* dev(size_t offset) const {
+    return reinterpret_cast<T*>(static_cast<char*>(device_arrays_) + offset);
+  }
+  template <class T>
+  T* host(size_t offset) const {
+    return reinterpret_cast<T*>(static_cast<char*>(staging_) + offset);
+  }
 
   std::unique_ptr<ops::Backend> backend_;
   std::unique_ptr<Model> model_;
+  ExecutorOptions options_;
   KvCache kv_;
   bool on_host_ = true;
+  int max_num_seqs_ = 256;
+  int max_model_len_ = 4096;
   int max_logit_rows_ = 0;
-  std::vector<float> host_logits_;      // staging for device logits
-  std::vector<uint8_t> page_staging_;   // staging for device page copies
-  // Host swap slots: one buffer per KV tensor (layer-major, K then V), each
-  // [num_host_blocks, page bytes of that tensor].
-  std::vector<std::vector<uint8_t>> host_swap_;
+  int block_size_ = 0;
+  // Host swap slots (alloc_host): one buffer per KV tensor (layer-major, K
+  // then V), each [num_host_blocks, page bytes of that tensor].
+  std::vector<void*> host_swap_;
   int num_host_blocks_ = 0;
-  struct DeviceArray {
-    void* ptr = nullptr;
-    size_t capacity = 0;  // bytes
-  };
-  std::vector<DeviceArray> device_arrays_;
+
+  // CPU backend: the batch's own host arrays are the "device" arrays.
+  // Device backends: fixed arrays below.
+  Layout layout_;
+  void* staging_ = nullptr;        // pinned host, layout_.bytes
+  void* device_arrays_ = nullptr;  // device, layout_.bytes
+  float* sample_scratch_ = nullptr;  // device [max_scratch_rows, vocab]
+  void* sample_out_ = nullptr;       // device: tokens, logprobs, ranks [M]; top ids, logprobs [M, 20]
+  void* sample_out_host_ = nullptr;  // pinned copy of sample_out_
+  float* host_logits_ = nullptr;     // pinned [max_logit_rows, vocab], allocated on first use
+  std::vector<DeviceSampleResult> results_;
+
+  bool graphs_on_ = false;
+  bool decode_warmed_ = false;  // warm_up_decode ran on kv_
+  std::map<int, std::unique_ptr<ops::Backend::Graph>> graphs_;  // by bucket
+  Tensor graph_logits_;  // logits of the captured forwards (same buffer for every bucket)
+  int max_bucket_ = 0;
+  int64_t num_graph_replays_ = 0;
+  int64_t num_eager_decode_ = 0;
+  std::unique_ptr<ops::Backend::Timer> timer_;  // device time per step
+  int64_t last_device_ns_ = -1;
 };
 
 }  // namespace osprey

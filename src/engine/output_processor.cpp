@@ -106,6 +106,7 @@ void OutputProcessor::process(std::vector<SeqEvent>& events) {
     }
     RequestOutput& ro = outs[it->second].second;
     sink.usage.cached_tokens = ev.num_cached_tokens;
+    if (sink.first_scheduled_ns == 0) sink.first_scheduled_ns = ev.first_scheduled_ns;
     if (!ev.error.ok()) ro.error = ev.error;
 
     if (!ev.prompt_logprobs.empty()) {
@@ -175,6 +176,10 @@ void OutputProcessor::process(std::vector<SeqEvent>& events) {
     }
     if (ro.outputs.empty() && ro.prompt_logprobs.empty() && !ro.finished) continue;  // nothing to say yet
     ro.usage = sink->usage;
+    if (!sink->queue_time_sent && sink->first_scheduled_ns > 0) {
+      sink->queue_time_sent = true;
+      ro.queue_time_s = std::max<int64_t>(0, sink->first_scheduled_ns - sink->submit_ns) * 1e-9;
+    }
     if (ro.finished) {
       // Before delivering: once a consumer sees the end, the id is free again.
       std::lock_guard<std::mutex> lock(sink->link->mutex);

@@ -42,6 +42,7 @@ struct RequestSink {
   const OutputCallback callback;
   const std::shared_ptr<EngineLink> link;
   uint64_t key = 0;  // the core's key of the request
+  int64_t submit_ns = 0;  // steady-clock ns when submit() accepted it (RequestOutput::queue_time_s)
 
   // Output-worker state (one worker owns a sink).
   struct SeqOut {
@@ -54,6 +55,8 @@ struct RequestSink {
   std::vector<TokenLogprob> prompt_logprobs;
   bool prompt_logprobs_sent = false;
   int num_finished = 0;
+  int64_t first_scheduled_ns = 0;  // from the events (0: not yet scheduled)
+  bool queue_time_sent = false;
   Usage usage;
 
   // Consumer side.

@@ -52,6 +52,7 @@ struct RequestState {
   std::vector<std::unique_ptr<Sequence>> seqs;  // seqs[i]->index == i once forked
   bool forked = false;           // the n - 1 siblings exist
   int num_cached_tokens = -1;    // prefix-cache hit at first admission (-1: not admitted yet)
+  int64_t first_scheduled_ns = 0;  // steady-clock ns at the start of the step that first scheduled it (0: not yet)
   int num_live = 0;              // sequences not finished
   std::shared_ptr<RequestSink> sink;
 

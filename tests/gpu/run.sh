@@ -7,7 +7,9 @@
 #   OSPREY_GPU_BUILD    build folder (default: build-gpu in the repo)
 #   OUT                 folder for gpu_tests.log / gpu_tests.xml (default: the build folder)
 #   GTEST_FILTER        passed through to the test binary
-#   OSPREY_GPU_BENCH=1  also build and run gpu_op_bench (op timings; prints, asserts nothing)
+#   OSPREY_GPU_BENCH=1  also build and run gpu_op_bench (op timings) and model_bench (dummy
+#                       Llama-3-8B bf16: TTFT, decode ms/step and MBU, per-op breakdown);
+#                       both print figures and assert nothing
 #   OSPREY_GPU_TEST_GGUF  SmolLM2 GGUF for the default-model test (else the
 #                       cached default model, else .devdata/*.truncated.gguf)
 set -euo pipefail
@@ -52,7 +54,9 @@ done
 t0=$(date +%s)
 cmake "${cmake_args[@]}" >"$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
 targets=(gpu_tests)
-[[ "${OSPREY_GPU_BENCH:-0}" == 1 ]] && targets+=(gpu_op_bench)
+# Engine-level tests need the real tokenizer libraries (no stand-ins).
+[[ -d "$stub_dir" ]] || targets+=(gpu_engine_tests)
+[[ "${OSPREY_GPU_BENCH:-0}" == 1 ]] && targets+=(gpu_op_bench model_bench)
 ninja -C "$build" -j"$(nproc)" "${targets[@]}" >"$out/build.log" 2>&1 || { grep -E 'error|FAILED' -A3 "$out/build.log" | head -60; exit 1; }
 t1=$(date +%s)
 echo "built gpu_tests for sm_$OSPREY_CUDA_ARCHS in $((t1 - t0)) s"
@@ -62,20 +66,31 @@ set +e
 "$bin" --gtest_output="xml:$out/gpu_tests.xml" ${GTEST_FILTER:+--gtest_filter="$GTEST_FILTER"} >"$out/gpu_tests.log" 2>&1
 rc=$?
 set -e
+engine_bin=$(find "$build/tests" -name gpu_engine_tests -type f -perm -u+x | head -1)
+if [[ -n "$engine_bin" && ! -d "$stub_dir" ]]; then
+  set +e
+  "$engine_bin" --gtest_output="xml:$out/gpu_engine_tests.xml" ${GTEST_FILTER:+--gtest_filter="$GTEST_FILTER"} \
+    >"$out/gpu_engine_tests.log" 2>&1
+  erc=$?
+  set -e
+  [[ $rc -eq 0 ]] && rc=$erc
+  grep -E '^\[  FAILED  \]|Failure|check failed' "$out/gpu_engine_tests.log" | head -40 || true
+fi
 t2=$(date +%s)
 grep -E '^\[  FAILED  \]|Failure|check failed|^default model' "$out/gpu_tests.log" | head -40 || true
 
-python3 - "$out/gpu_tests.xml" "$gpu_line" "$rc" <<'PY'
-import sys, xml.etree.ElementTree as ET
+python3 - "$out/gpu_tests.xml" "$gpu_line" "$rc" "$out/gpu_engine_tests.xml" <<'PY'
+import os, sys, xml.etree.ElementTree as ET
 path, gpu, rc = sys.argv[1], sys.argv[2], int(sys.argv[3])
-try:
-    root = ET.parse(path).getroot()
-except Exception as e:  # crashed before writing the XML
-    print(f"no XML results ({e}); exit code {rc}")
-    sys.exit(0)
+suites = []
+for p in [path] + [x for x in sys.argv[4:] if os.path.exists(x)]:
+    try:
+        suites += ET.parse(p).getroot().findall("testsuite")
+    except Exception as e:  # crashed before writing the XML
+        print(f"no XML results in {p} ({e}); exit code {rc}")
 print(f"\n{'suite':<44} {'tests':>5} {'pass':>5} {'fail':>5} {'skip':>5} {'sec':>7}")
 tot = [0, 0, 0, 0, 0.0]
-for s in root.findall("testsuite"):
+for s in suites:
     cases = s.findall("testcase")
     fail = sum(1 for c in cases if c.find("failure") is not None)
     skip = sum(1 for c in cases if c.find("skipped") is not None or c.get("result") == "skipped")
@@ -90,5 +105,6 @@ PY
 echo "tests ran in $((t2 - t1)) s; logs in $out"
 if [[ "${OSPREY_GPU_BENCH:-0}" == 1 ]]; then
   "$(find "$build/tests" -name gpu_op_bench -type f -perm -u+x | head -1)" | tee "$out/gpu_op_bench.txt" || true
+  "$(find "$build/tests" -name model_bench -type f -perm -u+x | head -1)" | tee "$out/model_bench.txt" || true
 fi
 exit $rc

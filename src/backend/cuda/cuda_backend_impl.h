@@ -9,8 +9,12 @@
 // paged_attention); kernels in the .cu files named in kernels.h.
 #pragma once
 
+#include <cstdint>
+#include <map>
 #include <string>
+#include <tuple>
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -52,6 +56,26 @@ class CudaBackend final : public ops::Backend {
   void paged_attention(const Tensor& q, const ops::LayerKv& kv, const ops::AttentionBatch& batch, float scale,
                        int sliding_window, Tensor& out) override;
   void gather_rows(const Tensor& x, const int32_t* rows, int num_rows, Tensor& out) override;
+  // ---- device runtime (cuda_runtime.cpp, graphs/, sampling/)
+  void* alloc_host(size_t bytes) override;
+  void free_host(void* p) override;
+  void copy_to_device_async(void* dst, const void* src, size_t bytes) override;
+  void copy_to_host_async(void* dst, const void* src, size_t bytes) override;
+  void copy_device_to_device(void* dst, const void* src, size_t bytes) override;
+  bool memory_info(size_t& free_bytes, size_t& total_bytes) override;
+  bool supports_device_sampling() const override { return true; }
+  void sample(const SampleBatch& batch) override;
+  bool supports_graphs() const override { return true; }
+  void begin_capture() override;
+  std::unique_ptr<Graph> end_capture() override;
+  std::unique_ptr<Timer> make_timer() override;
+  DType default_activation_dtype() const override { return DType::kBF16; }
+  bool supports_activation_dtype(DType t) const override { return t == DType::kF32 || t == DType::kBF16; }
+  void convert(const Tensor& src, Tensor& dst) override;
+  void fill_uniform(Tensor& t, uint64_t seed, float lo, float hi) override;
+  void qkv_rope_kv_write(const Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm, float eps,
+                         const ops::RopeTable& rope, const ops::AttentionBatch& batch, ops::LayerKv& kv,
+                         Tensor& q_out) override;
 
   cudaStream_t stream() const { return stream_; }
   int num_sms() const { return num_sms_; }
@@ -65,6 +89,25 @@ class CudaBackend final : public ops::Backend {
   void gemm(const void* w, cudaDataType_t w_type, const void* x, cudaDataType_t x_type, int64_t n, int64_t m, int64_t k,
             float* out, int64_t ldo, bool accumulate);
   const float* device_inv_freq(const ops::RopeTable& table);
+  // BF16 GEMM through cuBLASLt: out[n, ldo] columns [0, m) (out_type BF16 or
+  // F32) = x[n, k] @ w[m, k]^T (+ out when accumulate), fp32 accumulation.
+  // The plan (descriptors, layouts, algorithm) is cached per shape and
+  // pointer alignment, so only the first call of a shape queries the
+  // heuristics. Falls back to cublasGemmEx when cuBLASLt offers no algorithm.
+  void lt_gemm(const void* w, const void* x, int64_t n, int64_t m, int64_t k, DType out_type, void* out, int64_t ldo,
+               bool accumulate);
+  // matmul with BF16 activations (x BF16, out BF16 or F32), n above the GEMV threshold.
+  void matmul_bf16(const Tensor& x, const Tensor& w, const float* bias, Tensor& out);
+
+  struct LtPlan {
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+    bool ok = false;  // false: no algorithm, use cublasGemmEx
+  };
+  // (n, m, k, ldo, out dtype, accumulate, alignment of w | x << 16 | out << 32)
+  using LtKey = std::tuple<int64_t, int64_t, int64_t, int64_t, int, bool, uint64_t>;
+  const LtPlan& lt_plan(const LtKey& key);
 
   CudaBackendOptions options_;
   std::string error_;
@@ -72,6 +115,8 @@ class CudaBackend final : public ops::Backend {
   int num_sms_ = 0;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
+  cublasLtHandle_t lt_ = nullptr;
+  std::map<LtKey, LtPlan> lt_plans_;
 
   DeviceBuffer cublas_workspace_;
   DeviceBuffer act_scratch_;    // activations converted to F16/BF16

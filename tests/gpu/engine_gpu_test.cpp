@@ -1,0 +1,536 @@
+// Engine-level GPU tests over a SmolLM2 GGUF (the truncated 4-layer copy in
+// .devdata on the device machine; see default_model_path):
+//   - the executor: a decode graph's replay equals the eager step bit for bit,
+//     padded buckets match the unpadded eager step; device greedy == host
+//     greedy over the same logits (penalised rows too);
+//   - the engine: batched greedy == each request alone; prefix caching on/off,
+//     chunked prefill on/off, forced preemption (recompute and swap), graphs
+//     on/off all identical; seeded sampling reproducible across batch
+//     compositions; the KV pool sized from device memory.
+// Run by tests/gpu/run.sh (binary gpu_engine_tests).
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <vector>
+
+#include "backend/cuda/cuda_backend.h"
+#include "engine/model_executor.h"
+#include "model/model.h"
+#include "osprey/engine.h"
+#include "sampling/logits_processors.h"
+#include "sampling/sampler.h"
+
+namespace osprey {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string default_model_path() {
+  if (const char* env = std::getenv("OSPREY_GPU_TEST_GGUF")) return env;
+  if (const char* home = std::getenv("HOME")) {
+    const std::string p = std::string(home) + "/.cache/osprey/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+    if (fs::exists(p)) return p;
+  }
+  const std::string dev = std::string(OSPREY_SOURCE_DIR) + "/.devdata/SmolLM2-135M-Instruct.Q4_1.truncated.gguf";
+  return fs::exists(dev) ? dev : std::string();
+}
+
+#define REQUIRE_MODEL()                                                         \
+  ASSERT_GT(cuda::device_count(), 0) << "no CUDA device";                        \
+  const std::string path = default_model_path();                                \
+  if (path.empty()) GTEST_SKIP() << "no SmolLM2 GGUF (set OSPREY_GPU_TEST_GGUF)"
+
+// ---- executor level ---------------------------------------------------------------
+
+constexpr int kBlock = 16;
+constexpr int kPagesPerSeq = 32;
+
+struct Seq {
+  std::vector<int32_t> tokens;
+  int computed = 0;
+  int first_page = 0;
+};
+
+// The step that computes every uncomputed token of `seqs`.
+StepBatch make_step(const std::vector<Seq*>& seqs) {
+  StepBatch b;
+  b.q_indptr.push_back(0);
+  b.block_indptr.push_back(0);
+  for (Seq* s : seqs) {
+    const int begin = s->computed, end = static_cast<int>(s->tokens.size());
+    for (int p = begin; p < end; ++p) {
+      b.token_ids.push_back(s->tokens[p]);
+      b.positions.push_back(p);
+      b.slot_mapping.push_back((s->first_page + p / kBlock) * kBlock + p % kBlock);
+    }
+    b.num_tokens += end - begin;
+    b.q_indptr.push_back(b.num_tokens);
+    b.kv_lens.push_back(end);
+    const int pages = (end + kBlock - 1) / kBlock;
+    for (int i = 0; i < pages; ++i) b.block_indices.push_back(s->first_page + i);
+    b.block_indptr.push_back(static_cast<int32_t>(b.block_indices.size()));
+    b.logit_rows.push_back(b.num_tokens - 1);
+    b.max_kv_len = std::max(b.max_kv_len, end);
+    b.max_q_len = std::max(b.max_q_len, end - begin);
+    ++b.num_seqs;
+  }
+  return b;
+}
+
+std::unique_ptr<ModelExecutor> make_executor(const std::string& path, ExecutorOptions opts, int num_seqs) {
+  auto be = cuda::make_cuda_backend(cuda::CudaBackendOptions{});
+  if (!be) return nullptr;
+  auto model = Model::load(path, *be);
+  if (!model.ok()) {
+    ADD_FAILURE() << model.status().to_string();
+    return nullptr;
+  }
+  auto exec = std::make_unique<ModelExecutor>(std::move(be), std::move(*model), opts);
+  exec->set_limits(num_seqs, kPagesPerSeq * kBlock);
+  const Status st = exec->initialize(num_seqs * kPagesPerSeq, kBlock, 512, 2 * num_seqs);
+  if (!st.ok()) {
+    ADD_FAILURE() << st.to_string();
+    return nullptr;
+  }
+  return exec;
+}
+
+std::vector<Seq> make_seqs(int n, int vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<Seq> seqs(static_cast<size_t>(n));
+  for (int s = 0; s < n; ++s) {
+    const int len = 5 + static_cast<int>(rng() % 40);
+    for (int i = 0; i < len; ++i) seqs[s].tokens.push_back(static_cast<int32_t>(rng() % vocab));
+    seqs[s].first_page = s * kPagesPerSeq;
+  }
+  return seqs;
+}
+
+std::vector<float> host_rows(const float* p, size_t rows, int vocab) {
+  return std::vector<float>(p, p + rows * static_cast<size_t>(vocab));
+}
+
+TEST(ExecutorGpu, GraphReplayEqualsEagerStep) {
+  REQUIRE_MODEL();
+  auto exec = make_executor(path, ExecutorOptions{}, 8);
+  ASSERT_NE(exec, nullptr);
+  ASSERT_TRUE(exec->graphs_enabled());
+  const int vocab = exec->vocab_size();
+  for (int n : {4, 3, 8, 1}) {  // 4, 8, 1: buckets; 3 pads to 4
+    std::vector<Seq> seqs = make_seqs(n, vocab, 100 + n);
+    std::vector<Seq*> ptrs;
+    for (auto& s : seqs) ptrs.push_back(&s);
+    auto pre = exec->execute(make_step(ptrs));
+    ASSERT_TRUE(pre.ok()) << pre.status().to_string();
+    std::vector<float> last = host_rows(*pre, n, vocab);
+    for (auto& s : seqs) s.computed = static_cast<int>(s.tokens.size());
+    for (int step = 0; step < 6; ++step) {
+      for (int s = 0; s < n; ++s)
+        seqs[s].tokens.push_back(argmax(std::span<const float>(last.data() + static_cast<size_t>(s) * vocab, vocab)));
+      const StepBatch b = make_step(ptrs);
+      exec->set_graphs_enabled(true);
+      const int64_t replays = exec->num_graph_replays();
+      auto g = exec->execute(b);
+      ASSERT_TRUE(g.ok());
+      EXPECT_EQ(exec->num_graph_replays(), replays + 1) << "decode step of " << n << " did not replay a graph";
+      std::vector<float> graph = host_rows(*g, n, vocab);
+      exec->set_graphs_enabled(false);  // the same step again, eagerly (rewrites the same KV)
+      auto e = exec->execute(b);
+      ASSERT_TRUE(e.ok());
+      std::vector<float> eager = host_rows(*e, n, vocab);
+      if (n == 3) {
+        // Padded to 4: other kernel shapes, so equal within rounding and in argmax.
+        double max_diff = 0, max_ref = 0;
+        for (size_t i = 0; i < eager.size(); ++i) {
+          max_diff = std::max(max_diff, static_cast<double>(std::fabs(graph[i] - eager[i])));
+          max_ref = std::max(max_ref, static_cast<double>(std::fabs(eager[i])));
+        }
+        EXPECT_LE(max_diff, 1e-3 * max_ref) << "padded bucket, step " << step;
+      } else {
+        EXPECT_EQ(std::memcmp(graph.data(), eager.data(), graph.size() * sizeof(float)), 0)
+            << "graph replay differs from the eager step: batch " << n << ", step " << step;
+      }
+      last = eager;
+      for (auto& s : seqs) s.computed = static_cast<int>(s.tokens.size());
+    }
+  }
+  exec->set_graphs_enabled(true);
+  EXPECT_GE(exec->num_graphs(), 3);
+}
+
+TEST(ExecutorGpu, DeviceGreedyEqualsHostGreedyOverTheSameLogits) {
+  REQUIRE_MODEL();
+  auto exec = make_executor(path, ExecutorOptions{}, 8);
+  ASSERT_NE(exec, nullptr);
+  const int vocab = exec->vocab_size();
+  ASSERT_GT(exec->device_sampling_limits().max_rows, 0);
+  const int n = 6;
+  std::vector<Seq> seqs = make_seqs(n, vocab, 7);
+  std::vector<Seq*> ptrs;
+  for (auto& s : seqs) ptrs.push_back(&s);
+  std::vector<SamplingParams> params(n);
+  for (int s = 0; s < n; ++s) {
+    params[s].temperature = 0.0f;
+    if (s % 2) params[s].repetition_penalty = 1.5f;
+    if (s == 2) params[s].frequency_penalty = 1.0f;
+    if (s == 4) params[s].logit_bias = {{17, 3.0f}};
+    params[s].logprobs = s == 3 ? 5 : -1;
+  }
+  int compared = 0;
+  for (int step = 0; step < 12; ++step) {
+    StepBatch b = make_step(ptrs);
+    for (int s = 0; s < n; ++s) {
+      DeviceSampleRow r;
+      r.logit_row = s;
+      const size_t before = b.sample_edits.ids.size();
+      const int prompt_len = std::min<int>(8, static_cast<int>(seqs[s].tokens.size()));
+      std::span<const int32_t> all(seqs[s].tokens);
+      make_device_sample_row(params[s], all.first(prompt_len), all.subspan(prompt_len), {}, 0, 0,
+                             static_cast<int64_t>(all.size()), r, b.sample_edits);
+      r.scratch_row = b.sample_edits.ids.size() > before ? s : -1;
+      b.sample_rows.push_back(r);
+    }
+    b.need_host_logits = true;
+    auto out = exec->execute_step(b);
+    ASSERT_TRUE(out.ok()) << out.status().to_string();
+    ASSERT_NE(out->logits, nullptr);
+    ASSERT_NE(out->samples, nullptr);
+    Sampler sampler(vocab);
+    for (int s = 0; s < n; ++s) {
+      const int prompt_len = std::min<int>(8, static_cast<int>(seqs[s].tokens.size()));
+      std::span<const int32_t> all(seqs[s].tokens);
+      SampleInput in;
+      in.params = &params[s];
+      in.prompt = all.first(prompt_len);
+      in.output = all.subspan(prompt_len);
+      in.position = static_cast<int64_t>(all.size());
+      const SampleResult host = sampler.sample(out->logits + static_cast<size_t>(s) * vocab, in);
+      EXPECT_EQ(out->samples[s].token, host.token) << "step " << step << " seq " << s;
+      if (host.logprobs) {
+        EXPECT_NEAR(out->samples[s].logprob, host.logprobs->logprob, 1e-4);
+        EXPECT_EQ(out->samples[s].rank, host.logprobs->rank);
+      }
+      ++compared;
+      seqs[s].computed = static_cast<int>(seqs[s].tokens.size());
+      seqs[s].tokens.push_back(host.token);
+    }
+  }
+  EXPECT_EQ(compared, 12 * n);
+}
+
+// ---- engine level -------------------------------------------------------------------
+
+constexpr int kMaxTokens = 16;
+
+std::vector<std::string> prompts(int count) {
+  const std::vector<std::string> topics = {"the history of the printing press", "how bees make honey",
+                                           "why the sky is blue",                "the rules of chess",
+                                           "how to bake bread",                  "the water cycle"};
+  const std::string shared = "You are a helpful assistant. Answer briefly and clearly, in plain English. ";
+  std::vector<std::string> out;
+  for (int i = 0; i < count; ++i) {
+    std::string p = (i % 2 == 0) ? shared : "";
+    for (int r = 0; r <= i % 4; ++r) p += "Tell me about " + topics[(i + r) % topics.size()] + ". ";
+    if (i % 5 == 3)
+      for (int r = 0; r < 5; ++r) p += "Please also consider " + topics[(i * 3 + r) % topics.size()] + ". ";
+    out.push_back(p);
+  }
+  return out;
+}
+
+EngineConfig base_config(const std::string& path) {
+  EngineConfig c;
+  c.model_path = path;
+  c.device = "cuda";
+  c.dtype = "float32";  // batch-invariant enough for identical greedy outputs
+  c.num_kv_blocks = 512;
+  c.max_num_batched_tokens = 512;
+  c.max_num_seqs = 32;
+  c.max_model_len = 1024;
+  return c;
+}
+
+SamplingParams greedy() {
+  SamplingParams p;
+  p.temperature = 0.0f;
+  p.max_tokens = kMaxTokens;
+  p.ignore_eos = true;
+  return p;
+}
+
+std::unique_ptr<Engine> make_engine_or_fail(const EngineConfig& c) {
+  auto e = Engine::create(c);
+  EXPECT_TRUE(e.ok()) << e.status().to_string();
+  return e.ok() ? std::move(*e) : nullptr;
+}
+
+std::vector<std::vector<int32_t>> run_batch(Engine& e, const std::vector<std::string>& ps,
+                                            const std::vector<SamplingParams>& params) {
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (size_t i = 0; i < ps.size(); ++i) {
+    Request r;
+    r.prompt = ps[i];
+    r.params = params[i];
+    auto s = e.submit(r);
+    EXPECT_TRUE(s.ok()) << s.status().to_string();
+    if (s.ok()) streams.push_back(*s);
+  }
+  std::vector<std::vector<int32_t>> out(streams.size());
+  for (size_t i = 0; i < streams.size(); ++i) {
+    while (auto o = streams[i]->next()) {
+      EXPECT_FALSE(o->finished && !o->error.ok()) << o->error.to_string();
+      for (auto& c : o->outputs) out[i].insert(out[i].end(), c.token_ids.begin(), c.token_ids.end());
+    }
+  }
+  return out;
+}
+
+std::vector<std::vector<int32_t>> run_batch(Engine& e, const std::vector<std::string>& ps, const SamplingParams& p) {
+  return run_batch(e, ps, std::vector<SamplingParams>(ps.size(), p));
+}
+
+void expect_same(const std::vector<std::vector<int32_t>>& a, const std::vector<std::vector<int32_t>>& b,
+                 const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].size(), static_cast<size_t>(kMaxTokens)) << what << " request " << i;
+    EXPECT_EQ(a[i], b[i]) << what << " request " << i;
+  }
+}
+
+class EngineGpu : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    const std::string path = default_model_path();
+    if (path.empty() || cuda::device_count() == 0) return;
+    // The reference: each request alone, graphs and device sampling on.
+    auto e = Engine::create(base_config(path));
+    if (!e.ok()) return;
+    reference_ = new std::vector<std::vector<int32_t>>();
+    for (const auto& p : prompts(kNumPrompts)) reference_->push_back(run_batch(**e, {p}, greedy())[0]);
+  }
+  static void TearDownTestSuite() {
+    delete reference_;
+    reference_ = nullptr;
+  }
+  void check(const EngineConfig& c, const std::string& what) {
+    ASSERT_NE(reference_, nullptr) << "reference run failed";
+    auto e = make_engine_or_fail(c);
+    ASSERT_NE(e, nullptr);
+    expect_same(run_batch(*e, prompts(kNumPrompts), greedy()), *reference_, what);
+    last_stats_ = e->stats();
+  }
+  static constexpr int kNumPrompts = 12;
+  static std::vector<std::vector<int32_t>>* reference_;
+  EngineStats last_stats_;
+};
+std::vector<std::vector<int32_t>>* EngineGpu::reference_ = nullptr;
+
+TEST_F(EngineGpu, BatchedGreedyEqualsAlone) {
+  REQUIRE_MODEL();
+  check(base_config(path), "batched vs alone");
+}
+
+TEST_F(EngineGpu, EagerEqualsGraphs) {
+  REQUIRE_MODEL();
+  EngineConfig c = base_config(path);
+  c.enforce_eager = true;
+  check(c, "eager vs graphs");
+}
+
+TEST_F(EngineGpu, PrefixCacheOffIdentical) {
+  REQUIRE_MODEL();
+  EngineConfig c = base_config(path);
+  c.enable_prefix_caching = false;
+  check(c, "prefix caching off");
+}
+
+TEST_F(EngineGpu, ChunkedPrefillIdentical) {
+  REQUIRE_MODEL();
+  EngineConfig c = base_config(path);
+  c.max_num_batched_tokens = 40;  // long prompts in chunks alongside decodes
+  check(c, "chunked prefill (40-token budget)");
+  EngineConfig off = base_config(path);
+  off.enable_chunked_prefill = false;
+  check(off, "chunked prefill off");
+}
+
+TEST_F(EngineGpu, ForcedPreemptionIdentical) {
+  REQUIRE_MODEL();
+  EngineConfig c = base_config(path);
+  c.num_kv_blocks = 24;  // 384 tokens for 12 requests of up to ~150: preemption
+  c.enable_prefix_caching = false;
+  check(c, "preemption (recompute)");
+  EXPECT_GT(last_stats_.num_preemptions, 0);
+  EngineConfig s = c;
+  s.swap_space_bytes = int64_t{64} << 20;
+  check(s, "preemption (swap)");
+  EXPECT_GT(last_stats_.num_swap_outs, 0);
+}
+
+TEST_F(EngineGpu, KvPoolSizedFromDeviceMemory) {
+  REQUIRE_MODEL();
+  EngineConfig c = base_config(path);
+  c.num_kv_blocks = 0;
+  c.gpu_memory_utilization = 0.5;
+  auto e = make_engine_or_fail(c);
+  ASSERT_NE(e, nullptr);
+  EXPECT_GT(e->model_info().num_kv_blocks, 1000);
+  expect_same(run_batch(*e, prompts(kNumPrompts), greedy()), *reference_, "KV pool from device memory");
+  // Nothing left: a clear error.
+  EngineConfig tiny = c;
+  tiny.gpu_memory_utilization = 0.01;
+  auto t = Engine::create(tiny);
+  ASSERT_FALSE(t.ok());
+  EXPECT_NE(t.status().to_string().find("no device memory left"), std::string::npos) << t.status().to_string();
+}
+
+// Prompt logprobs need the logits on the host: that step copies them and the
+// other rows still sample on the device; outputs stay those of the reference.
+TEST_F(EngineGpu, HostFallbackRowsKeepOutputs) {
+  REQUIRE_MODEL();
+  ASSERT_NE(reference_, nullptr);
+  auto e = make_engine_or_fail(base_config(path));
+  ASSERT_NE(e, nullptr);
+  const std::vector<std::string> ps = prompts(kNumPrompts);
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (int i = 0; i < kNumPrompts; ++i) {
+    Request r;
+    r.prompt = ps[i];
+    r.params = greedy();
+    if (i == 2) {
+      r.params.prompt_logprobs = 2;
+      r.params.logprobs = 3;
+    }
+    auto s = e->submit(r);
+    ASSERT_TRUE(s.ok());
+    streams.push_back(*s);
+  }
+  for (int i = 0; i < kNumPrompts; ++i) {
+    std::vector<int32_t> ids;
+    size_t num_prompt_lp = 0, num_lp = 0;
+    while (auto o = streams[i]->next()) {
+      num_prompt_lp += o->prompt_logprobs.size();
+      for (auto& c : o->outputs) {
+        ids.insert(ids.end(), c.token_ids.begin(), c.token_ids.end());
+        num_lp += c.logprobs.size();
+        for (const auto& lp : c.logprobs) {
+          EXPECT_LE(lp.logprob, 0.0f);
+          EXPECT_EQ(lp.top.size(), 3u);
+          EXPECT_EQ(lp.rank, 1);  // greedy: the sampled token is the most likely
+        }
+      }
+    }
+    EXPECT_EQ(ids, (*reference_)[i]) << "request " << i;
+    if (i == 2) {
+      EXPECT_GT(num_prompt_lp, 0u);
+      EXPECT_EQ(num_lp, static_cast<size_t>(kMaxTokens));
+    }
+  }
+}
+
+TEST_F(EngineGpu, SeededSamplingReproducibleAcrossBatches) {
+  REQUIRE_MODEL();
+  auto e = make_engine_or_fail(base_config(path));
+  ASSERT_NE(e, nullptr);
+  SamplingParams p;
+  p.temperature = 0.9f;
+  p.top_p = 0.9f;
+  p.top_k = 40;
+  p.max_tokens = kMaxTokens;
+  p.ignore_eos = true;
+  p.seed = 1234;
+  p.repetition_penalty = 1.1f;
+  const std::vector<std::string> ps = prompts(8);
+  const auto alone = run_batch(*e, {ps[3]}, p);
+  std::vector<SamplingParams> mixed(ps.size(), greedy());
+  for (size_t i = 0; i < mixed.size(); ++i) {
+    if (i % 2) mixed[i] = p, mixed[i].seed = 50 + i;
+  }
+  mixed[3] = p;
+  const auto batched = run_batch(*e, ps, mixed);
+  EXPECT_EQ(batched[3], alone[0]);
+  // A different seed gives (almost surely) a different continuation.
+  SamplingParams q = p;
+  q.seed = 4321;
+  EXPECT_NE(run_batch(*e, {ps[3]}, q)[0], alone[0]);
+}
+
+// Figures, not a test: OSPREY_GPU_BENCH=1 prints decode step times (graphs
+// vs eager) at batch 1/32/128 from the engine's step timing, with the
+// GPU-busy fraction (device time of decode steps over their wall time), for
+// the SmolLM2 GGUF (float32) and, with OSPREY_GPU_BENCH_DUMMY=<config> (e.g.
+// llama-3-8b), a dummy-weight model in the CUDA default dtype.
+void bench_model(const std::string& label, EngineConfig base, bool token_ids) {
+  std::printf("%-22s %-6s %-6s %10s %10s %10s %8s %10s %7s\n", "model", "batch", "mode", "step_us", "fwd_us",
+              "host_us", "busy_%", "tok/s", "steps");
+  for (int batch : {1, 32, 128}) {
+    for (bool eager : {false, true}) {
+      EngineConfig c = base;
+      c.max_num_seqs = batch;
+      c.enforce_eager = eager;
+      auto e = make_engine_or_fail(c);
+      ASSERT_NE(e, nullptr);
+      SamplingParams p = greedy();
+      p.max_tokens = 128;
+      std::vector<std::shared_ptr<RequestStream>> streams;
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < batch; ++i) {
+        Request r;
+        if (token_ids) {
+          for (int t = 0; t < 16 + i % 7; ++t) r.prompt_token_ids.push_back(100 + (i * 31 + t * 7) % 1000);
+        } else {
+          r.prompt = "Tell me a long story about the sea." + std::string(static_cast<size_t>(i % 7), '!');
+        }
+        r.params = p;
+        auto st = e->submit(r);
+        ASSERT_TRUE(st.ok()) << st.status().to_string();
+        streams.push_back(*st);
+      }
+      for (auto& st : streams)
+        while (st->next()) {
+        }
+      const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const EngineStats s = e->stats();
+      const double steps = static_cast<double>(std::max<int64_t>(1, s.num_decode_steps));
+      const double fwd = static_cast<double>(s.decode_forward_ns) / steps / 1e3;
+      const double host =
+          static_cast<double>(s.decode_schedule_ns + s.decode_build_ns + s.decode_update_ns + s.decode_loop_ns) / steps /
+          1e3;
+      const double busy = s.num_timed_decode_steps > 0
+                              ? 100.0 * static_cast<double>(s.decode_device_ns) /
+                                    static_cast<double>(s.decode_forward_ns + s.decode_schedule_ns +
+                                                        s.decode_build_ns + s.decode_update_ns + s.decode_loop_ns)
+                              : -1.0;
+      std::printf("%-22s %-6d %-6s %10.1f %10.1f %10.1f %8.1f %10.0f %7lld\n", label.c_str(), batch,
+                  eager ? "eager" : "graph", fwd + host, fwd, host, busy,
+                  static_cast<double>(s.num_generated_tokens) / wall, static_cast<long long>(s.num_decode_steps));
+    }
+  }
+}
+
+TEST(EngineGpuBench, DecodeStepTimes) {
+  if (!std::getenv("OSPREY_GPU_BENCH")) GTEST_SKIP() << "set OSPREY_GPU_BENCH=1";
+  REQUIRE_MODEL();
+  EngineConfig c = base_config(path);
+  c.num_kv_blocks = 4096;
+  bench_model("smollm2-trunc4 fp32", c, false);
+  if (const char* dummy = std::getenv("OSPREY_GPU_BENCH_DUMMY")) {
+    EngineConfig d;
+    d.model_path = dummy;
+    d.load_format = "dummy";
+    d.device = "cuda";
+    d.num_kv_blocks = 4096;
+    d.max_num_batched_tokens = 2048;
+    d.max_model_len = 1024;
+    bench_model(std::string(dummy) + " dummy", d, true);
+  }
+}
+
+}  // namespace
+}  // namespace osprey
