@@ -11,6 +11,7 @@ void add_text_commands(CLI::App& app);  // tokenize, detokenize, template
 void add_generate_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
 void add_serve_command(CLI::App& app);
+void add_plan_command(CLI::App& app);  // tools/plan/, docs/plan.md
 
 // Set by a command's callback; main returns it.
 int& exit_code();

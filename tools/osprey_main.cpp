@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   osprey::cli::add_info_command(app);
   osprey::cli::add_text_commands(app);
   osprey::cli::add_bench_command(app);
+  osprey::cli::add_plan_command(app);
   CLI11_PARSE(app, argc, argv);
   return osprey::cli::exit_code();
 }
