@@ -28,6 +28,11 @@ class TextProcessor {
   std::vector<int32_t> encode(std::string_view text, bool add_special_tokens = true) const;
   std::string decode(std::span<const int32_t> ids, bool skip_special_tokens = false) const;
   bool has_chat_template() const;
+  // The chat template's Jinja source ("" when the model has none).
+  const std::string& chat_template_source() const;
+  // The same tokenizer with another chat template (Jinja source), e.g. a
+  // user's --chat-template file; an error when it does not compile.
+  Expected<std::unique_ptr<TextProcessor>> with_chat_template(const std::string& source) const;
   // Renders messages with the model's own template as transformers'
   // apply_chat_template does. messages and tools are JSON arrays as in the
   // OpenAI API (null tools: none); extra: an object of further template
@@ -42,6 +47,7 @@ class TextProcessor {
   std::shared_ptr<const Tokenizer> tokenizer_;
   std::shared_ptr<const ChatTemplate> template_;  // null: none, or it failed to compile
   std::string template_error_;                    // why template_ is null despite a source
+  std::string template_source_;                   // the source of template_ (or of the failed one)
 };
 
 }  // namespace osprey

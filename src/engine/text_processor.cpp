@@ -20,6 +20,7 @@ std::unique_ptr<TextProcessor> TextProcessor::wrap(std::shared_ptr<const Tokeniz
   std::unique_ptr<TextProcessor> p(new TextProcessor());
   p->tokenizer_ = std::move(tokenizer);
   const std::string& source = p->tokenizer_->chat_template();
+  p->template_source_ = source;
   if (!source.empty()) {
     auto compiled = ChatTemplate::compile(source);
     if (compiled.ok()) {
@@ -40,6 +41,18 @@ std::string TextProcessor::decode(std::span<const int32_t> ids, bool skip_specia
 }
 
 bool TextProcessor::has_chat_template() const { return template_ != nullptr; }
+
+const std::string& TextProcessor::chat_template_source() const { return template_source_; }
+
+Expected<std::unique_ptr<TextProcessor>> TextProcessor::with_chat_template(const std::string& source) const {
+  auto compiled = ChatTemplate::compile(source);
+  if (!compiled.ok()) return invalid_argument("the chat template does not compile: " + compiled.status().message());
+  std::unique_ptr<TextProcessor> p(new TextProcessor());
+  p->tokenizer_ = tokenizer_;
+  p->template_ = std::make_shared<const ChatTemplate>(std::move(compiled).value());
+  p->template_source_ = source;
+  return p;
+}
 
 namespace {
 

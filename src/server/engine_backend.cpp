@@ -28,6 +28,13 @@ class EngineBackend final : public GenerationBackend {
       return invalid_argument("this model has no chat template; use /v1/completions instead");
     return text_->apply_chat_template(messages, tools, add_generation_prompt, extra);
   }
+  std::string chat_template_source() const override { return text_->chat_template_source(); }
+  // Called once, before the backend serves requests (text_ is not guarded).
+  Status set_chat_template(const std::string& source) override {
+    OSP_ASSIGN_OR_RETURN(std::unique_ptr<TextProcessor> t, text_->with_chat_template(source));
+    text_ = std::move(t);
+    return Status::Ok();
+  }
   void shutdown() override { engine_->shutdown(); }
 
  private:

@@ -25,6 +25,15 @@ class GenerationBackend {
   virtual std::string decode(std::span<const int32_t> ids, bool skip_special_tokens) const = 0;
   virtual Expected<std::string> apply_chat_template(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
                                                     bool add_generation_prompt, const nlohmann::ordered_json& extra) const = 0;
+  // The chat template's Jinja source ("" when none or unknown): picks the
+  // tool-call parser under --tool-call-parser auto.
+  virtual std::string chat_template_source() const { return {}; }
+  // Replaces the model's chat template (--chat-template); an error when the
+  // source does not compile or the backend cannot.
+  virtual Status set_chat_template(const std::string& source) {
+    (void)source;
+    return invalid_argument("this backend cannot change its chat template");
+  }
   virtual void shutdown() = 0;
 };
 

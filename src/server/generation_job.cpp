@@ -26,6 +26,8 @@ GenerationJob::GenerationJob(GenerationRequest request, std::vector<Prompt> prom
 
 std::optional<ApiError> GenerationJob::start() {
   auto self = shared_from_this();
+  if (req_.kind == ApiKind::kChat && tool_parser != ToolParserKind::kNone)
+    for (Choice& ch : choices_) ch.tools = std::make_unique<ToolCallStream>(tool_parser);
   for (size_t i = 0; i < prompts_.size(); ++i) {
     Request r;
     r.request_id = meta_.id + "-" + std::to_string(i);
@@ -144,10 +146,10 @@ void GenerationJob::process_locked(size_t sub, const RequestOutput& out) {
   const auto now = Clock::now();
   const int n = req_.params.n;
   const bool chat = req_.kind == ApiKind::kChat;
-  if (!subs_[sub].got_output) {
-    subs_[sub].got_output = true;
-    // Upper bound of the queue time (the engine reports no first-scheduled time).
-    metrics_->observe_queue_time(std::chrono::duration<double>(now - arrival_).count());
+  if (out.queue_time_s && !subs_[sub].got_queue_time) {
+    // The engine's queue time: submit() to the step that first scheduled the request.
+    subs_[sub].got_queue_time = true;
+    metrics_->observe_queue_time(*out.queue_time_s);
   }
   for (const CompletionOutput& c : out.outputs) {
     if (c.index < 0 || c.index >= n) continue;
@@ -184,24 +186,20 @@ void GenerationJob::process_locked(size_t sub, const RequestOutput& out) {
       }
     }
     if (c.finish_reason != FinishReason::kNone) ch.finish = c.finish_reason;
-    if (req_.stream) {
-      const bool has_lp = !chunk_lp.is_null() && (chat ? !chunk_lp["content"].empty() : !chunk_lp["tokens"].empty());
-      if (!text.empty() || has_lp) {
-        json chunk =
-            chat ? chat_chunk(meta_, idx, {{"content", text}}, chunk_lp, FinishReason::kNone, req_.include_usage)
-                 : completion_chunk(meta_, idx, text, chunk_lp, FinishReason::kNone, req_.include_usage);
-        if (req_.continuous_usage_stats) chunk["usage"] = usage_json(out.usage);
-        emit(chunk);
-      }
+    std::vector<ToolCall> calls;
+    if (ch.tools) {
+      // Markup of a call is held back until the call is complete; only plain text goes on.
+      ToolParseResult tr = ch.tools->push(text);
       if (c.finish_reason != FinishReason::kNone) {
-        json chunk = chat ? chat_chunk(meta_, idx, json::object(), nullptr, c.finish_reason, req_.include_usage)
-                          : completion_chunk(meta_, idx, "", nullptr, c.finish_reason, req_.include_usage);
-        if (req_.continuous_usage_stats) chunk["usage"] = usage_json(out.usage);
-        emit(chunk);
+        ToolParseResult rest = ch.tools->finish();
+        tr.content += rest.content;
+        for (ToolCall& k : rest.calls) tr.calls.push_back(std::move(k));
       }
-    } else {
-      ch.text += text;
+      text = std::move(tr.content);
+      calls = std::move(tr.calls);
     }
+    deliver_locked(idx, text, std::move(calls), chunk_lp, out);
+    if (req_.stream && c.finish_reason != FinishReason::kNone) emit(finish_chunk_locked(idx, c.finish_reason, out));
     if (c.finish_reason != FinishReason::kNone) {
       const double e2e = std::chrono::duration<double>(now - arrival_).count();
       const double ttft = ch.seen_token ? std::chrono::duration<double>(ch.first_token - arrival_).count() : -1.0;
@@ -219,15 +217,55 @@ void GenerationJob::process_locked(size_t sub, const RequestOutput& out) {
     Choice& ch = choices_[sub * n + k];
     if (ch.finish != FinishReason::kNone) continue;
     ch.finish = fallback;
+    if (ch.tools) {
+      ToolParseResult rest = ch.tools->finish();  // what was held back
+      deliver_locked(static_cast<int>(sub) * n + k, rest.content, std::move(rest.calls), nullptr, out);
+    }
     const double ttft = ch.seen_token ? std::chrono::duration<double>(ch.first_token - arrival_).count() : -1.0;
     metrics_->observe_finished(fallback, ch.num_tokens, std::chrono::duration<double>(now - arrival_).count(), ttft);
-    if (req_.stream)
-      emit(chat
-               ? chat_chunk(meta_, static_cast<int>(sub) * n + k, json::object(), nullptr, fallback, req_.include_usage)
-               : completion_chunk(meta_, static_cast<int>(sub) * n + k, "", nullptr, fallback, req_.include_usage));
+    if (req_.stream) emit(finish_chunk_locked(static_cast<int>(sub) * n + k, fallback, out));
   }
   if (!out.error.ok() && error_.ok()) error_ = out.error;
   if (--subs_left_ == 0) finish_locked();
+}
+
+void GenerationJob::deliver_locked(int idx, const std::string& text, std::vector<ToolCall> calls, const json& chunk_lp,
+                                   const RequestOutput& out) {
+  Choice& ch = choices_[idx];
+  const bool chat = req_.kind == ApiKind::kChat;
+  if (!req_.stream) {
+    ch.text += text;
+    for (ToolCall& c : calls) {
+      ch.calls.push_back(std::move(c));
+      ++ch.num_calls;
+    }
+    return;
+  }
+  const bool has_lp = !chunk_lp.is_null() && (chat ? !chunk_lp["content"].empty() : !chunk_lp["tokens"].empty());
+  if (!text.empty() || has_lp) {
+    json chunk = chat ? chat_chunk(meta_, idx, {{"content", text}}, chunk_lp, FinishReason::kNone, req_.include_usage)
+                      : completion_chunk(meta_, idx, text, chunk_lp, FinishReason::kNone, req_.include_usage);
+    if (req_.continuous_usage_stats) chunk["usage"] = usage_json(out.usage);
+    emit(chunk);
+  }
+  for (const ToolCall& c : calls) {
+    for (json delta : {tool_call_name_delta(ch.num_calls, c), tool_call_arguments_delta(ch.num_calls, c)}) {
+      json chunk = chat_chunk(meta_, idx, std::move(delta), nullptr, FinishReason::kNone, req_.include_usage);
+      if (req_.continuous_usage_stats) chunk["usage"] = usage_json(out.usage);
+      emit(chunk);
+    }
+    ++ch.num_calls;
+  }
+}
+
+json GenerationJob::finish_chunk_locked(int idx, FinishReason reason, const RequestOutput& out) {
+  const bool chat = req_.kind == ApiKind::kChat;
+  json chunk = chat ? chat_chunk(meta_, idx, json::object(), nullptr, reason, req_.include_usage)
+                    : completion_chunk(meta_, idx, "", nullptr, reason, req_.include_usage);
+  if (chat && reason == FinishReason::kStop && choices_[idx].num_calls > 0)
+    chunk["choices"][0]["finish_reason"] = "tool_calls";
+  if (req_.continuous_usage_stats) chunk["usage"] = usage_json(out.usage);
+  return chunk;
 }
 
 Usage GenerationJob::total_usage_locked() const {
@@ -267,8 +305,15 @@ void GenerationJob::finish_locked() {
     json choices = json::array();
     for (size_t i = 0; i < choices_.size(); ++i) {
       const Choice& ch = choices_[i];
-      choices.push_back(chat ? chat_choice(static_cast<int>(i), ch.text, ch.logprobs, ch.finish)
-                             : completion_choice(static_cast<int>(i), ch.text, ch.logprobs, ch.finish));
+      json choice = chat ? chat_choice(static_cast<int>(i), ch.text, ch.logprobs, ch.finish)
+                         : completion_choice(static_cast<int>(i), ch.text, ch.logprobs, ch.finish);
+      if (!ch.calls.empty()) {
+        // OpenAI's shape: content null when the model only called tools.
+        choice["message"]["tool_calls"] = tool_calls_json(ch.calls);
+        if (ch.text.find_first_not_of(" \t\r\n") == std::string::npos) choice["message"]["content"] = nullptr;
+        if (ch.finish == FinishReason::kStop) choice["finish_reason"] = "tool_calls";
+      }
+      choices.push_back(std::move(choice));
     }
     HttpResponse r;
     r.body = dump_json(chat ? chat_response(meta_, std::move(choices), usage)

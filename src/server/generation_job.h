@@ -19,6 +19,7 @@
 #include "server/metrics.h"
 #include "server/openai_format.h"
 #include "server/openai_request.h"
+#include "server/tool_parser.h"
 
 namespace osprey::server {
 
@@ -40,6 +41,9 @@ class GenerationJob : public std::enable_shared_from_this<GenerationJob> {
   // (after the response was handed to the writer). Set before start().
   std::function<void()> on_dequeued;
   std::function<void(const GenerationJob&)> on_done;
+  // Chat: parse each choice's text for tool calls in this format (kNone:
+  // plain text). Set before start().
+  ToolParserKind tool_parser = ToolParserKind::kNone;
 
   // Submits the engine requests (streaming: after the response head and the
   // role chunks). An error before anything was submitted is returned for the
@@ -57,6 +61,9 @@ class GenerationJob : public std::enable_shared_from_this<GenerationJob> {
     nlohmann::ordered_json logprobs;  // accumulated (non-streaming)
     size_t lp_offset = 0;     // completions text_offset of the next token
     FinishReason finish = FinishReason::kNone;
+    std::unique_ptr<ToolCallStream> tools;  // with a tool parser: splits text and calls
+    std::vector<ToolCall> calls;            // parsed calls (non-streaming)
+    int num_calls = 0;                      // calls sent or kept
     bool echoed = false;
     bool seen_token = false;
     int num_tokens = 0;
@@ -66,7 +73,7 @@ class GenerationJob : public std::enable_shared_from_this<GenerationJob> {
     std::string engine_id;
     std::shared_ptr<RequestStream> stream;
     Usage usage;
-    bool got_output = false;  // its queue time was observed
+    bool got_queue_time = false;  // its queue time was observed
     bool finished = false;
   };
 
@@ -75,6 +82,11 @@ class GenerationJob : public std::enable_shared_from_this<GenerationJob> {
   void dequeue_locked();
   void handle_echo(size_t sub, int choice, const RequestOutput& out, std::string& text, nlohmann::ordered_json& lp);
   void finish_locked();
+  // Sends (streaming) or keeps one choice's new text, logprobs and tool calls.
+  void deliver_locked(int idx, const std::string& text, std::vector<ToolCall> calls,
+                      const nlohmann::ordered_json& chunk_lp, const RequestOutput& out);
+  // The streamed chunk that ends a choice ("tool_calls" when it ended with calls).
+  nlohmann::ordered_json finish_chunk_locked(int idx, FinishReason reason, const RequestOutput& out);
   Usage total_usage_locked() const;
   void emit(const nlohmann::ordered_json& chunk);
 

@@ -5,11 +5,7 @@
 
 namespace osprey::server {
 
-namespace {
-
-// Maximum nesting depth of `body` outside string literals; stops early once
-// past `limit`.
-int max_depth(std::string_view body, int limit) {
+int json_max_depth(std::string_view body, int limit) {
   int depth = 0, worst = 0;
   bool in_string = false, escaped = false;
   for (char c : body) {
@@ -35,11 +31,9 @@ int max_depth(std::string_view body, int limit) {
   return worst;
 }
 
-}  // namespace
-
 ApiResult<nlohmann::ordered_json> parse_json_object(std::string_view body) {
   if (body.empty()) return bad_request("The request body is empty; expected a JSON object.");
-  if (max_depth(body, kMaxJsonDepth) > kMaxJsonDepth)
+  if (json_max_depth(body, kMaxJsonDepth) > kMaxJsonDepth)
     return bad_request("The request body nests JSON deeper than " + std::to_string(kMaxJsonDepth) + " levels.");
   nlohmann::ordered_json j;
   try {

@@ -14,6 +14,10 @@ namespace osprey::server {
 // Largest nesting depth of arrays/objects accepted in a request body.
 inline constexpr int kMaxJsonDepth = 64;
 
+// Maximum nesting depth of arrays/objects in `text` outside string literals;
+// stops counting once past `limit`.
+int json_max_depth(std::string_view text, int limit);
+
 // Parses a request body that must be a JSON object. Errors (400) for
 // malformed or truncated JSON, invalid UTF-8, lone surrogate escapes,
 // nesting deeper than kMaxJsonDepth and non-object roots.

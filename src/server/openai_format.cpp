@@ -79,6 +79,24 @@ json chat_choice(int index, const std::string& text, const json& logprobs, Finis
           {"finish_reason", finish_json(finish)}};
 }
 
+json tool_calls_json(const std::vector<ToolCall>& calls) {
+  json a = json::array();
+  for (const ToolCall& c : calls)
+    a.push_back({{"id", c.id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
+  return a;
+}
+
+json tool_call_name_delta(int call_index, const ToolCall& c) {
+  return {{"tool_calls", json::array({{{"index", call_index},
+                                       {"id", c.id},
+                                       {"type", "function"},
+                                       {"function", {{"name", c.name}, {"arguments", ""}}}}})}};
+}
+
+json tool_call_arguments_delta(int call_index, const ToolCall& c) {
+  return {{"tool_calls", json::array({{{"index", call_index}, {"function", {{"arguments", c.arguments}}}}})}};
+}
+
 json completion_choice(int index, const std::string& text, const json& logprobs, FinishReason finish) {
   return {{"index", index}, {"text", text}, {"logprobs", logprobs}, {"finish_reason", finish_json(finish)}};
 }

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "osprey/engine.h"
+#include "server/tool_parser.h"
 
 namespace osprey::server {
 
@@ -40,6 +41,15 @@ nlohmann::ordered_json finish_json(FinishReason r);
 
 // One choice of a whole chat.completion response.
 nlohmann::ordered_json chat_choice(int index, const std::string& text, const nlohmann::ordered_json& logprobs, FinishReason finish);
+// message.tool_calls: [{"id", "type": "function", "function": {"name", "arguments"}}].
+nlohmann::ordered_json tool_calls_json(const std::vector<ToolCall>& calls);
+// A streamed tool call is two chat deltas: first
+// {"tool_calls": [{"index", "id", "type": "function", "function": {"name", "arguments": ""}}]},
+// then {"tool_calls": [{"index", "function": {"arguments"}}]}. `call_index`
+// counts the choice's calls from 0.
+nlohmann::ordered_json tool_call_name_delta(int call_index, const ToolCall& c);
+nlohmann::ordered_json tool_call_arguments_delta(int call_index, const ToolCall& c);
+
 // One choice of a whole text_completion response.
 nlohmann::ordered_json completion_choice(int index, const std::string& text, const nlohmann::ordered_json& logprobs,
                                  FinishReason finish);

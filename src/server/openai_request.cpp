@@ -5,6 +5,8 @@
 #include <optional>
 #include <set>
 
+#include "server/json_util.h"
+
 namespace osprey::server {
 
 namespace {
@@ -176,6 +178,41 @@ Err read_token_ids(const json& v, const std::string& param, const ParseLimits& l
   return std::nullopt;
 }
 
+// An assistant message's tool_calls: [{"id"?, "type": "function", "function":
+// {"name", "arguments"}}]. `arguments` arrives as the JSON text of an object
+// (the OpenAI shape); templates print it with `| tojson` and expect the
+// object itself (as transformers callers pass it), so text that parses as a
+// JSON object is replaced by that object. Other text is left as it is.
+Err check_tool_calls(json& calls, const std::string& where) {
+  if (!calls.is_array()) return type_error(where, "an array", calls);
+  for (size_t k = 0; k < calls.size(); ++k) {
+    json& c = calls[k];
+    const std::string cw = where + "[" + std::to_string(k) + "]";
+    if (!c.is_object()) return type_error(cw, "an object", c);
+    auto type = c.find("type");
+    if (type != c.end() && !type->is_null() && *type != "function")
+      return bad_request("Invalid '" + cw + ".type': only 'function' is supported.", cw + ".type", "invalid_value");
+    auto fn = c.find("function");
+    if (fn == c.end() || !fn->is_object())
+      return bad_request("Missing required parameter: '" + cw + ".function'.", cw + ".function",
+                         "missing_required_parameter");
+    auto name = fn->find("name");
+    if (name == fn->end() || !name->is_string())
+      return type_error(cw + ".function.name", "a string", name == fn->end() ? json() : *name);
+    auto args = fn->find("arguments");
+    if (args == fn->end() || args->is_null()) continue;
+    if (args->is_string()) {
+      const std::string& text = args->get_ref<const std::string&>();
+      if (json_max_depth(text, kMaxJsonDepth) > kMaxJsonDepth) continue;
+      json parsed = json::parse(text, nullptr, /*allow_exceptions=*/false);
+      if (parsed.is_object()) *args = std::move(parsed);
+    } else if (!args->is_object()) {
+      return type_error(cw + ".function.arguments", "a string", *args);
+    }
+  }
+  return std::nullopt;
+}
+
 // Normalises one chat message in place: content as a string (text parts
 // joined by "\n"), role checked.
 Err check_message(json& m, size_t i) {
@@ -193,6 +230,11 @@ Err check_message(json& m, size_t i) {
                            "'. Supported values are: 'system', 'developer', 'user', "
                            "'assistant', 'tool' and 'function'.",
                        where + ".role", "invalid_value");
+  if (auto calls = m.find("tool_calls"); calls != m.end() && !calls->is_null()) {
+    if (role != "assistant")
+      return bad_request("Only 'assistant' messages may carry 'tool_calls'.", where + ".tool_calls", "invalid_value");
+    OSP_API_TRY(check_tool_calls(*calls, where + ".tool_calls"));
+  }
   auto content = m.find("content");
   const bool may_omit = role == "assistant";
   if (content == m.end() || content->is_null()) {
@@ -239,13 +281,17 @@ Err read_messages(const json& body, json& messages) {
   return std::nullopt;
 }
 
-Err read_tools(const json& body, json& tools) {
+Err read_tools(const json& body, json& tools, bool& tool_choice_none) {
   const json* choice = field(body, "tool_choice");
   if (choice) {
     if (!(choice->is_string() || choice->is_object()))
       return type_error("tool_choice", "a string or an object", *choice);
     if (!(choice->is_string() && (*choice == "none" || *choice == "auto")))
-      return bad_request("Only 'none' and 'auto' are supported for 'tool_choice'.", "tool_choice", "unsupported_value");
+      return bad_request(
+          "Only 'auto' and 'none' are supported for 'tool_choice': 'required' and a named function need "
+          "constrained decoding, which this server does not have.",
+          "tool_choice", "unsupported_value");
+    tool_choice_none = *choice == "none";
   }
   const json* v = field(body, "tools");
   if (!v) return std::nullopt;
@@ -413,7 +459,8 @@ ApiResult<GenerationRequest> parse_chat_request(const json& body, const ParseLim
   OSP_API_TRY(check_known(body, kKnown));
   OSP_API_TRY(read_common(body, limits, r));
   OSP_API_TRY(read_messages(body, r.messages));
-  OSP_API_TRY(read_tools(body, r.tools));
+  OSP_API_TRY(read_tools(body, r.tools, r.tool_choice_none));
+  r.skip_special_tokens_given = field(body, "skip_special_tokens") != nullptr;
   OSP_API_TRY(read_max_tokens(body, r, true));
   OSP_API_TRY(read_bool(body, "logprobs", r.logprobs));
   bool has_top = false;
@@ -522,7 +569,8 @@ ApiResult<TokenizeRequest> parse_tokenize_request(const json& body, const ParseL
     r.is_chat = true;
     r.add_special_tokens = false;
     OSP_API_TRY(read_messages(body, r.messages));
-    OSP_API_TRY(read_tools(body, r.tools));
+    bool tool_choice_none = false;
+    OSP_API_TRY(read_tools(body, r.tools, tool_choice_none));
     OSP_API_TRY(read_bool(body, "add_generation_prompt", r.add_generation_prompt));
     if (const json* kw = field(body, "chat_template_kwargs")) {
       if (!kw->is_object()) return type_error("chat_template_kwargs", "an object", *kw);

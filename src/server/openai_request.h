@@ -31,6 +31,7 @@ struct GenerationRequest {
   // (null or array), extra template variables (object).
   nlohmann::ordered_json messages;
   nlohmann::ordered_json tools;
+  bool tool_choice_none = false;  // tool_choice "none": tools rendered, output not parsed for calls
   nlohmann::ordered_json chat_template_kwargs = nlohmann::ordered_json::object();
   bool add_generation_prompt = true;
   // Completions: one engine request per prompt (choices prompt-major).
@@ -41,6 +42,7 @@ struct GenerationRequest {
   bool include_usage = false;           // stream_options.include_usage
   bool continuous_usage_stats = false;  // stream_options.continuous_usage_stats (usage on every chunk)
   bool max_tokens_given = false;        // false: chat fills the context, completions use 16
+  bool skip_special_tokens_given = false;  // the client set skip_special_tokens
   bool logprobs = false;                // chat: logprobs; completions: logprobs != null
   int top_logprobs = 0;                 // top alternatives per token when logprobs
   std::string user;

@@ -46,8 +46,22 @@ OpenAIService::OpenAIService(ServiceOptions options)
       created_(unix_time_s()) {}
 
 void OpenAIService::set_backend(std::shared_ptr<GenerationBackend> backend) {
+  ToolParserKind parser = ToolParserKind::kNone;
+  if (options_.tool_call_parser == "auto") {
+    if (backend) parser = detect_tool_parser(backend->chat_template_source());
+    spdlog::info("tool-call parser: {} (auto: from the chat template)", tool_parser_name(parser));
+  } else {
+    parser = tool_parser_from_name(options_.tool_call_parser).value_or(ToolParserKind::kNone);
+    spdlog::info("tool-call parser: {}", tool_parser_name(parser));
+  }
   std::lock_guard lock(mu_);
   backend_ = std::move(backend);
+  tool_parser_ = parser;
+}
+
+ToolParserKind OpenAIService::tool_parser() const {
+  std::lock_guard lock(mu_);
+  return tool_parser_;
 }
 
 std::shared_ptr<GenerationBackend> OpenAIService::backend() const {
@@ -256,10 +270,17 @@ void OpenAIService::handle_generation(const HttpRequest& req, const std::shared_
 
   const int max_len = b->model_info().max_model_len;
   std::vector<GenerationJob::Prompt> prompts;
+  ToolParserKind tool_parser = ToolParserKind::kNone;  // parse the output for tool calls
   if (kind == ApiKind::kChat) {
     auto rendered = b->apply_chat_template(r.messages, r.tools, r.add_generation_prompt, r.chat_template_kwargs);
     if (!rendered.ok()) return respond_error(w, bad_request(rendered.status().message(), "messages"));
     prompts.push_back({b->encode(*rendered, r.add_special_tokens), ""});
+    if (!r.tools.is_null() && !r.tool_choice_none) {
+      tool_parser = this->tool_parser();
+      // Markers that are special tokens must survive detokenization.
+      if (tool_parser_needs_special_tokens(tool_parser) && !r.skip_special_tokens_given)
+        r.params.skip_special_tokens = false;
+    }
   } else {
     for (const PromptSpec& p : r.prompts) {
       GenerationJob::Prompt gp;
@@ -317,6 +338,7 @@ void OpenAIService::handle_generation(const HttpRequest& req, const std::shared_
   meta.model = r.model;
   meta.fingerprint = options_.fingerprint;
   auto job = std::make_shared<GenerationJob>(std::move(r), std::move(prompts), meta, w, b, metrics_, arrival);
+  job->tool_parser = tool_parser;
   ++*queued_;
   job->on_dequeued = [q = queued_] { --*q; };
   job->on_done = [this](const GenerationJob& j) {

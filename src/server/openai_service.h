@@ -16,6 +16,7 @@
 #include "server/generation_job.h"
 #include "server/http_types.h"
 #include "server/metrics.h"
+#include "server/tool_parser.h"
 
 namespace osprey::server {
 
@@ -27,6 +28,9 @@ struct ServiceOptions {
   int max_n = 128;
   int max_logprobs = 20;
   std::string fingerprint = "fp_osprey";
+  // "auto" (picked from the backend's chat template in set_backend), "hermes",
+  // "llama3_json", "mistral" or "none".
+  std::string tool_call_parser = "auto";
 };
 
 class OpenAIService {
@@ -35,6 +39,8 @@ class OpenAIService {
 
   // The backend once loaded; generation is admitted once set_ready(true).
   void set_backend(std::shared_ptr<GenerationBackend> backend);
+  // The parser used for chat requests with tools (resolved by set_backend).
+  ToolParserKind tool_parser() const;
   void set_ready(bool ready);
   // Why /ready says no (e.g. "loading", "failed: ...", "draining").
   void set_not_ready_reason(std::string reason);
@@ -71,6 +77,7 @@ class OpenAIService {
   int64_t created_;
   mutable std::mutex mu_;
   std::shared_ptr<GenerationBackend> backend_;
+  ToolParserKind tool_parser_ = ToolParserKind::kNone;
   std::string not_ready_reason_ = "loading";
   std::function<int64_t()> open_connections_;
   std::unordered_map<std::string, std::shared_ptr<GenerationJob>> jobs_;

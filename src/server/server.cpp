@@ -7,9 +7,12 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <csignal>
+#include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "server/openai_service.h"
+#include "server/tool_parser.h"
 
 namespace osprey::server {
 
@@ -83,7 +86,23 @@ Status warm_up(GenerationBackend& backend) {
 int run_server(const ServerConfig& config, BackendFactory factory) {
   std::signal(SIGPIPE, SIG_IGN);
   raise_fd_limit();
+  std::string chat_template;
+  if (!config.chat_template_path.empty()) {
+    std::ifstream f(config.chat_template_path, std::ios::binary);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    if (!f || ss.str().empty()) {
+      spdlog::error("cannot read the chat template file '{}'", config.chat_template_path);
+      return 1;
+    }
+    chat_template = ss.str();
+  }
+  if (config.tool_call_parser != "auto" && !tool_parser_from_name(config.tool_call_parser)) {
+    spdlog::error("unknown tool-call parser '{}' (auto, hermes, llama3_json, mistral, none)", config.tool_call_parser);
+    return 1;
+  }
   ServiceOptions so;
+  so.tool_call_parser = config.tool_call_parser;
   so.model_names = model_names(config.model_arg, config.engine.model_path, config.served_model_names);
   so.model_root = config.engine.model_path;
   so.api_key = config.api_key;
@@ -129,6 +148,16 @@ int run_server(const ServerConfig& config, BackendFactory factory) {
       return;
     }
     backend = std::shared_ptr<GenerationBackend>(std::move(*b));
+    if (!chat_template.empty()) {
+      if (Status s = backend->set_chat_template(chat_template); !s.ok()) {
+        spdlog::error("--chat-template {}: {}", config.chat_template_path, s.message());
+        service->set_not_ready_reason("failed: " + s.message());
+        load_failed = true;
+        load_done = true;
+        return;
+      }
+      spdlog::info("chat template: {}", config.chat_template_path);
+    }
     service->set_backend(backend);
     if (config.warmup) {
       service->set_not_ready_reason("warming up");

@@ -25,6 +25,10 @@ struct ServerConfig {
   int max_queue = 0;
   double shutdown_timeout_s = 30.0;
   bool warmup = true;
+  // --chat-template: a Jinja file replacing the model's own template ("": the model's).
+  std::string chat_template_path;
+  // --tool-call-parser: "auto" (from the chat template), "hermes", "llama3_json", "mistral" or "none".
+  std::string tool_call_parser = "auto";
 };
 
 using BackendFactory = std::function<Expected<std::unique_ptr<GenerationBackend>>(const EngineConfig&)>;

@@ -55,6 +55,9 @@ class FakeBackend : public GenerationBackend {
  public:
   static constexpr int32_t kEos = 256;
   std::string reply = "ok ";
+  int reply_repeats = 2;                      // the reply's bytes this many times, then EOS
+  std::optional<double> queue_time_s = 0.25;  // reported on each request's first output
+  std::string template_source;                // chat_template_source()
   std::chrono::milliseconds step{2};
   std::chrono::milliseconds first_output_delay{0};  // "prefill" time before a request's first output
   int max_model_len = 512;
@@ -124,10 +127,14 @@ class FakeBackend : public GenerationBackend {
   Expected<std::string> apply_chat_template(const nlohmann::ordered_json& messages, const nlohmann::ordered_json&, bool add_gen,
                                             const nlohmann::ordered_json&) const override {
     std::string s;
-    for (const auto& m : messages) s += m["role"].get<std::string>() + ": " + m.value("content", std::string()) + "\n";
+    for (const auto& m : messages) {
+      const auto c = m.find("content");
+      s += m["role"].get<std::string>() + ": " + (c != m.end() && c->is_string() ? c->get<std::string>() : "") + "\n";
+    }
     if (add_gen) s += "assistant:";
     return s;
   }
+  std::string chat_template_source() const override { return template_source; }
   void shutdown() override {
     {
       std::lock_guard lock(mu_);
@@ -200,6 +207,7 @@ class FakeBackend : public GenerationBackend {
         o.prompt_logprobs.push_back(t);
       }
     }
+    if (a.first) o.queue_time_s = queue_time_s;
     a.first = false;
     int total = 0;
     for (int k = 0; k < p.n; ++k) {
@@ -210,7 +218,7 @@ class FakeBackend : public GenerationBackend {
         c.finish_reason = FinishReason::kAbort;
       } else {
         const int i = a.produced[k]++;
-        const bool eos = !p.ignore_eos && i >= static_cast<int>(reply.size()) * 2 && i >= p.min_tokens;
+        const bool eos = !p.ignore_eos && i >= static_cast<int>(reply.size()) * reply_repeats && i >= p.min_tokens;
         const int32_t id = eos ? kEos : static_cast<unsigned char>(reply[i % reply.size()]);
         c.token_ids.push_back(id);
         if (!eos) c.text = std::string(1, static_cast<char>(id));

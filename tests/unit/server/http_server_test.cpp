@@ -109,8 +109,9 @@ std::vector<std::string> sse_payloads(const std::string& body) {
 
 class ServerTest : public ::testing::Test {
  protected:
-  void start(ServiceOptions so = {}, HttpServerOptions ho = {}) {
+  void start(ServiceOptions so = {}, HttpServerOptions ho = {}, std::function<void(FakeBackend&)> setup = nullptr) {
     backend_ = std::make_shared<FakeBackend>();
+    if (setup) setup(*backend_);
     if (so.model_names.empty()) so.model_names = {"test-model", "alias"};
     service_ = std::make_shared<OpenAIService>(so);
     service_->set_backend(backend_);
@@ -540,6 +541,190 @@ TEST_F(ServerTest, PipelinedRequestsAnsweredOnce) {
   EXPECT_EQ(count, 2u) << all;
   EXPECT_NE(all.find("\"ok\""), std::string::npos);
   EXPECT_NE(all.find("\"ready\""), std::string::npos);
+}
+
+// --- tool calls -------------------------------------------------------------
+
+const char* kWeatherCall = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"unit\": \"c\"}}\n</tool_call>";
+
+json weather_tools() {
+  return json::parse(R"([{"type": "function", "function": {"name": "get_weather", "description": "Weather now",
+      "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}])");
+}
+
+ServiceOptions with_parser(const std::string& name) {
+  ServiceOptions so;
+  so.tool_call_parser = name;
+  return so;
+}
+
+TEST_F(ServerTest, ToolCallsNonStreaming) {
+  start(with_parser("hermes"), {}, [](FakeBackend& b) {
+    b.reply = std::string("Checking. ") + kWeatherCall;
+    b.reply_repeats = 1;
+  });
+  EXPECT_EQ(service_->tool_parser(), ToolParserKind::kHermes);
+  Client c(port_);
+  Reply r = c.request("POST", "/v1/chat/completions", chat_body({{"tools", weather_tools()}}));
+  ASSERT_EQ(r.status, 200) << r.body;
+  json ch = r.json_body()["choices"][0];
+  EXPECT_EQ(ch["finish_reason"], "tool_calls");
+  EXPECT_EQ(ch["message"]["content"], "Checking.");
+  ASSERT_EQ(ch["message"]["tool_calls"].size(), 1u) << r.body;
+  json call = ch["message"]["tool_calls"][0];
+  EXPECT_EQ(call["id"].get<std::string>().rfind("call_", 0), 0u);
+  EXPECT_EQ(call["type"], "function");
+  EXPECT_EQ(call["function"]["name"], "get_weather");
+  EXPECT_EQ(call["function"]["arguments"], "{\"city\":\"Paris\",\"unit\":\"c\"}");
+
+  // Only a call: content is null.
+  backend_->reply = kWeatherCall;
+  r = c.request("POST", "/v1/chat/completions", chat_body({{"tools", weather_tools()}, {"tool_choice", "auto"}}));
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_TRUE(r.json_body()["choices"][0]["message"]["content"].is_null()) << r.body;
+  EXPECT_EQ(r.json_body()["choices"][0]["finish_reason"], "tool_calls");
+}
+
+TEST_F(ServerTest, ToolCallsStreamingNeverLeakMarkup) {
+  start(with_parser("hermes"), {}, [](FakeBackend& b) {
+    b.reply = std::string("Hi <b>there</b>. ") + kWeatherCall + kWeatherCall;
+    b.reply_repeats = 1;
+  });
+  Client c(port_);
+  c.send("POST", "/v1/chat/completions", chat_body({{"tools", weather_tools()}, {"stream", true}, {"n", 2}}));
+  Reply r = c.read();
+  ASSERT_EQ(r.status, 200) << r.body;
+  auto events = sse_payloads(r.body);
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.back(), "[DONE]");
+  std::map<int, std::string> content;
+  std::map<int, std::vector<json>> calls;  // per choice: call deltas in order
+  std::map<int, std::string> finish;
+  for (size_t i = 0; i + 1 < events.size(); ++i) {
+    json j = json::parse(events[i]);
+    for (const json& choice : j["choices"]) {
+      const int idx = choice["index"];
+      const json& d = choice["delta"];
+      if (d.contains("content")) content[idx] += d["content"].get<std::string>();
+      if (d.contains("tool_calls"))
+        for (const json& tc : d["tool_calls"]) calls[idx].push_back(tc);
+      if (!choice["finish_reason"].is_null()) finish[idx] = choice["finish_reason"];
+    }
+  }
+  for (int idx = 0; idx < 2; ++idx) {
+    EXPECT_EQ(content[idx], "Hi <b>there</b>.") << idx;
+    EXPECT_EQ(finish[idx], "tool_calls") << idx;
+    ASSERT_EQ(calls[idx].size(), 4u) << idx;  // two calls x (name, arguments)
+    for (int k = 0; k < 2; ++k) {
+      const json& head = calls[idx][2 * k];
+      const json& args = calls[idx][2 * k + 1];
+      EXPECT_EQ(head["index"], k);
+      EXPECT_EQ(head["type"], "function");
+      EXPECT_EQ(head["id"].get<std::string>().rfind("call_", 0), 0u);
+      EXPECT_EQ(head["function"]["name"], "get_weather");
+      EXPECT_EQ(args["index"], k);
+      EXPECT_FALSE(args.contains("id"));
+      EXPECT_EQ(args["function"]["arguments"], "{\"city\":\"Paris\",\"unit\":\"c\"}");
+    }
+    EXPECT_NE(calls[idx][0]["id"], calls[idx][2]["id"]);
+  }
+  EXPECT_EQ(r.body.find("tool_call>"), std::string::npos);
+}
+
+TEST_F(ServerTest, ToolOutputLeftAloneWithoutToolsOrWithChoiceNone) {
+  start(with_parser("hermes"), {}, [](FakeBackend& b) {
+    b.reply = kWeatherCall;
+    b.reply_repeats = 1;
+  });
+  Client c(port_);
+  for (json extra : {json::object(), json{{"tools", weather_tools()}, {"tool_choice", "none"}}}) {
+    Reply r = c.request("POST", "/v1/chat/completions", chat_body(extra));
+    ASSERT_EQ(r.status, 200) << r.body;
+    json ch = r.json_body()["choices"][0];
+    EXPECT_EQ(ch["message"]["content"], kWeatherCall);
+    EXPECT_TRUE(ch["message"]["tool_calls"].empty());
+    EXPECT_EQ(ch["finish_reason"], "stop");
+  }
+}
+
+TEST_F(ServerTest, MalformedToolCallStaysContent) {
+  const std::string bad = "<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": </tool_call>";
+  start(with_parser("hermes"), {}, [&](FakeBackend& b) {
+    b.reply = bad;
+    b.reply_repeats = 1;
+  });
+  Client c(port_);
+  for (bool stream : {false, true}) {
+    Reply r = c.request("POST", "/v1/chat/completions", chat_body({{"tools", weather_tools()}, {"stream", stream}}));
+    ASSERT_EQ(r.status, 200) << r.body;
+    if (!stream) {
+      EXPECT_EQ(r.json_body()["choices"][0]["message"]["content"], bad);
+      EXPECT_EQ(r.json_body()["choices"][0]["finish_reason"], "stop");
+    } else {
+      std::string text;
+      for (const std::string& e : sse_payloads(r.body)) {
+        if (e == "[DONE]") break;
+        const json j = json::parse(e);
+        for (const json& ch : j["choices"]) {
+          if (ch["delta"].contains("content")) text += ch["delta"]["content"].get<std::string>();
+          EXPECT_FALSE(ch["delta"].contains("tool_calls"));
+        }
+      }
+      EXPECT_EQ(text, bad) << r.body;
+    }
+  }
+}
+
+TEST_F(ServerTest, ToolParserAutoFromTheTemplate) {
+  start(with_parser("auto"), {}, [](FakeBackend& b) { b.template_source = "{{ '<tool_call>' }}"; });
+  EXPECT_EQ(service_->tool_parser(), ToolParserKind::kHermes);
+  TearDown();
+  start(with_parser("auto"));  // a template without tool markup
+  EXPECT_EQ(service_->tool_parser(), ToolParserKind::kNone);
+  TearDown();
+  start(with_parser("mistral"));
+  EXPECT_EQ(service_->tool_parser(), ToolParserKind::kMistral);
+}
+
+TEST_F(ServerTest, ToolChoiceRequiredOrNamedIs400) {
+  start(with_parser("hermes"));
+  Client c(port_);
+  for (json choice : {json("required"), json{{"type", "function"}, {"function", {{"name", "get_weather"}}}}}) {
+    Reply r = c.request("POST", "/v1/chat/completions", chat_body({{"tools", weather_tools()}, {"tool_choice", choice}}));
+    EXPECT_EQ(r.status, 400) << r.body;
+    EXPECT_EQ(r.json_body()["error"]["param"], "tool_choice");
+    EXPECT_NE(r.json_body()["error"]["message"].get<std::string>().find("constrained decoding"), std::string::npos);
+  }
+  EXPECT_EQ(c.request("POST", "/v1/chat/completions", chat_body()).status, 200);
+}
+
+TEST_F(ServerTest, ToolHistoryMessagesAccepted) {
+  start(with_parser("hermes"));
+  Client c(port_);
+  json messages = json::parse(R"([
+    {"role": "user", "content": "Weather in Paris?"},
+    {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+      "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+    {"role": "tool", "tool_call_id": "call_1", "content": "18 C"}])");
+  Reply r = c.request("POST", "/v1/chat/completions", chat_body({{"messages", messages}, {"tools", weather_tools()}}));
+  EXPECT_EQ(r.status, 200) << r.body;
+  messages[1]["tool_calls"][0]["function"].erase("name");
+  r = c.request("POST", "/v1/chat/completions", chat_body({{"messages", messages}}));
+  EXPECT_EQ(r.status, 400) << r.body;
+  EXPECT_EQ(r.json_body()["error"]["param"], "messages[1].tool_calls[0].function.name");
+}
+
+TEST_F(ServerTest, QueueTimeComesFromTheEngine) {
+  start();
+  Client c(port_);
+  ASSERT_EQ(c.request("POST", "/v1/chat/completions", chat_body({{"n", 3}})).status, 200);
+  ASSERT_EQ(c.request("POST", "/v1/completions", R"({"model": "test-model", "prompt": ["a", "b"]})").status, 200);
+  Reply m = c.request("GET", "/metrics");
+  // One observation per engine request (1 chat + 2 prompts), each the engine's 0.25 s.
+  EXPECT_NE(m.body.find("osprey:request_queue_time_seconds_count{model_name=\"test-model\"} 3\n"), std::string::npos)
+      << m.body;
+  EXPECT_NE(m.body.find("osprey:request_queue_time_seconds_sum{model_name=\"test-model\"} 0.75\n"), std::string::npos)
+      << m.body;
 }
 }  // namespace
 }  // namespace osprey::server

@@ -283,5 +283,44 @@ TEST(JsonUtil, Utf8AndIds) {
   EXPECT_NE(a, b);
 }
 
+
+TEST(ChatRequest, ToolCallHistoryArgumentsBecomeObjects) {
+  json messages = json::parse(R"([
+    {"role": "user", "content": "Weather?"},
+    {"role": "assistant", "content": null, "tool_calls": [
+      {"id": "call_1", "type": "function", "function": {"name": "w", "arguments": "{\"city\": \"Paris\", \"a\": 1}"}},
+      {"id": "call_2", "type": "function", "function": {"name": "x", "arguments": "not json"}}]},
+    {"role": "tool", "tool_call_id": "call_1", "content": "18 C"}])");
+  auto r = parse_chat_request(chat({{"messages", messages}, {"tool_choice", "none"}}), limits());
+  ASSERT_TRUE(r.ok()) << r.error->message;
+  const json& args = r.value->messages[1]["tool_calls"][0]["function"]["arguments"];
+  ASSERT_TRUE(args.is_object());
+  EXPECT_EQ(args.dump(), "{\"city\":\"Paris\",\"a\":1}");  // the client's key order
+  EXPECT_EQ(r.value->messages[1]["tool_calls"][1]["function"]["arguments"], "not json");
+  EXPECT_TRUE(r.value->tool_choice_none);
+
+  for (const char* bad : {R"([{"role": "user", "content": "x", "tool_calls": []}])",
+                          R"([{"role": "assistant", "tool_calls": {}}])",
+                          R"([{"role": "assistant", "tool_calls": [3]}])",
+                          R"([{"role": "assistant", "tool_calls": [{"type": "function"}]}])",
+                          R"([{"role": "assistant", "tool_calls": [{"type": "code", "function": {"name": "f"}}]}])",
+                          R"([{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": 5}}]}])"}) {
+    ApiError e = chat_error(chat({{"messages", json::parse(bad)}}));
+    EXPECT_EQ(e.http_status, 400) << bad;
+    EXPECT_EQ(e.param.rfind("messages[0]", 0), 0u) << bad << " " << e.param;
+  }
+}
+
+TEST(ChatRequest, ToolChoiceAndSkipSpecialFlags) {
+  auto r = parse_chat_request(chat({{"tool_choice", "auto"}}), limits());
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r.value->tool_choice_none);
+  EXPECT_FALSE(r.value->skip_special_tokens_given);
+  r = parse_chat_request(chat({{"skip_special_tokens", true}}), limits());
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r.value->skip_special_tokens_given);
+  ApiError e = chat_error(chat({{"tool_choice", {{"type", "function"}, {"function", {{"name", "f"}}}}}}));
+  EXPECT_NE(e.message.find("constrained decoding"), std::string::npos) << e.message;
+}
 }  // namespace
 }  // namespace osprey::server
