@@ -12,7 +12,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench/metrics.h"
+#include "bench/report.h"
+#include "bench/workload.h"
 #include "osprey/engine.h"
+#include "osprey/text.h"
 
 namespace osprey {
 
@@ -24,38 +28,22 @@ double seconds_since(Clock::time_point t0, Clock::time_point t1) {
   return std::chrono::duration<double>(t1 - t0).count();
 }
 
-struct Timing {
-  Clock::time_point submitted, first_token, last_token;
-  int num_tokens = 0;
-  bool failed = false;
-};
-
+// One run: a RequestRecord per request (times in seconds from the run's start).
 struct RunResult {
   double wall_s = 0;
   int64_t generated = 0;
-  std::vector<Timing> timings;
-  double tokens_per_s() const { return wall_s > 0 ? generated / wall_s : 0; }
-  double mean_ttft_ms() const {
-    double s = 0;
-    for (auto& t : timings) s += seconds_since(t.submitted, t.first_token);
-    return timings.empty() ? 0 : 1000 * s / timings.size();
-  }
-  double mean_tpot_ms() const {
-    double s = 0;
-    int n = 0;
-    for (auto& t : timings)
-      if (t.num_tokens > 1) {
-        s += seconds_since(t.first_token, t.last_token) / (t.num_tokens - 1);
-        ++n;
-      }
-    return n ? 1000 * s / n : 0;
-  }
+  std::vector<bench::RequestRecord> records;
+  double tokens_per_s() const { return wall_s > 0 ? static_cast<double>(generated) / wall_s : 0; }
+  double mean_ttft_ms() const { return 1000 * bench::summarize(bench::ttft_samples(records)).mean; }
+  // Mean over requests of (last token - first token) / (tokens - 1).
+  double mean_tpot_ms() const { return 1000 * bench::summarize(bench::tpot_samples(records)).mean; }
 };
 
-// Submits all prompts at once and waits for all of them.
+// Submits all prompts at once and waits for all of them. Each output of a
+// request's stream is timestamped when the engine hands it over (the callback).
 RunResult run_requests(Engine& engine, const std::vector<std::vector<int32_t>>& prompts, int max_tokens) {
   RunResult rr;
-  rr.timings.resize(prompts.size());
+  rr.records.resize(prompts.size());
   std::mutex mu;
   std::condition_variable cv;
   size_t done = 0;
@@ -67,18 +55,28 @@ RunResult run_requests(Engine& engine, const std::vector<std::vector<int32_t>>& 
     r.params.temperature = 0.0f;
     r.params.max_tokens = max_tokens;
     r.params.ignore_eos = true;
-    Timing* t = &rr.timings[i];
-    t->submitted = Clock::now();
+    bench::RequestRecord* t = &rr.records[i];
+    t->prompt_tokens = static_cast<int>(prompts[i].size());
+    t->expected_output_tokens = max_tokens;
+    t->chunk_s.reserve(static_cast<size_t>(max_tokens) + 1);
+    t->send_s = seconds_since(t0, Clock::now());
     auto s = engine.submit(r, [&, t](const RequestOutput& out) {
-      const auto now = Clock::now();
+      const double now = seconds_since(t0, Clock::now());
       std::lock_guard<std::mutex> lock(mu);
-      for (auto& o : out.outputs) {
-        if (!o.token_ids.empty() && t->num_tokens == 0) t->first_token = now;
-        if (!o.token_ids.empty()) t->last_token = now;
-        t->num_tokens += static_cast<int>(o.token_ids.size());
+      int n = 0;
+      for (auto& o : out.outputs) n += static_cast<int>(o.token_ids.size());
+      if (n > 0) {
+        if (t->chunk_s.empty()) t->first_token_s = now;
+        t->chunk_s.push_back(now);
+        t->output_tokens += n;
       }
       if (out.finished) {
-        t->failed = !out.error.ok();
+        t->end_s = now;
+        t->usage_reported = true;
+        if (!out.error.ok()) {
+          t->error = bench::ErrorKind::kOther;
+          t->error_message = out.error.to_string();
+        }
         ++done;
         cv.notify_all();
       }
@@ -86,7 +84,9 @@ RunResult run_requests(Engine& engine, const std::vector<std::vector<int32_t>>& 
     if (!s.ok()) {
       std::fprintf(stderr, "submit failed: %s\n", s.status().to_string().c_str());
       std::lock_guard<std::mutex> lock(mu);
-      t->failed = true;
+      t->error = bench::ErrorKind::kOther;
+      t->error_message = s.status().to_string();
+      t->end_s = t->send_s;
       ++done;
       continue;
     }
@@ -95,7 +95,7 @@ RunResult run_requests(Engine& engine, const std::vector<std::vector<int32_t>>& 
   std::unique_lock<std::mutex> lock(mu);
   cv.wait(lock, [&] { return done == prompts.size(); });
   rr.wall_s = seconds_since(t0, Clock::now());
-  for (auto& t : rr.timings) rr.generated += t.num_tokens;
+  for (auto& t : rr.records) rr.generated += t.output_tokens;
   return rr;
 }
 
@@ -131,16 +131,61 @@ nlohmann::json print_step_timing(const char* label, const EngineStats& a, const 
 
 }  // namespace
 
+namespace {
+
+// Prompts of input_len tokens: text built with the model's tokenizer, or
+// random ids when asked (or when the model has none).
+std::vector<std::vector<int32_t>> make_prompts(const BenchOfflineOptions& o, Engine& engine, std::mt19937& rng,
+                                               int count, bool* used_text) {
+  const int vocab = engine.model_info().vocab_size;
+  std::vector<std::vector<int32_t>> prompts;
+  *used_text = false;
+  std::shared_ptr<const TextProcessor> text = o.random_prompts ? nullptr : engine.text();
+  if (text) {
+    auto builder = bench::PromptBuilder::create(text, /*count_special_tokens=*/true);
+    if (builder.ok()) {
+      std::mt19937_64 rng64(rng());
+      for (int i = 0; i < count; ++i) {
+        int got = 0;
+        auto ids = text->encode((*builder)->make_text(rng64, o.input_len, "", &got), true);
+        if (static_cast<int>(ids.size()) > o.input_len) ids.resize(static_cast<size_t>(o.input_len));
+        prompts.push_back(std::move(ids));
+      }
+      *used_text = true;
+      return prompts;
+    }
+  }
+  for (int i = 0; i < count; ++i) prompts.push_back(random_tokens(rng, o.input_len, vocab));
+  return prompts;
+}
+
+}  // namespace
+
 int run_bench_offline(const BenchOfflineOptions& o) {
+  auto slo = bench::parse_slo(o.slo);
+  if (!slo.ok()) {
+    std::fprintf(stderr, "error: --slo: %s\n", slo.status().message().c_str());
+    return 2;
+  }
   EngineConfig cfg;
   cfg.model_path = o.model_path;
+  cfg.device = o.device;
+  cfg.dtype = o.dtype;
+  cfg.load_format = o.load_format;
+  cfg.tokenizer = o.tokenizer;
+  cfg.gpu_memory_utilization = o.gpu_memory_utilization;
+  cfg.enforce_eager = o.enforce_eager;
+  cfg.quantize_activations = o.quantize_activations;
+  cfg.block_size = o.block_size;
   cfg.num_threads = o.num_threads;
   cfg.kv_cache_bytes = o.kv_cache_bytes;
+  cfg.kv_cache_bytes_explicit = o.kv_cache_bytes_explicit;
   cfg.max_num_batched_tokens = o.max_num_batched_tokens;
-  cfg.max_num_seqs = std::max(o.num_requests, 1);
+  cfg.max_num_seqs = o.max_num_seqs > 0 ? o.max_num_seqs : std::max(o.num_requests, 1);
   nlohmann::json report;
   report["model"] = o.model_path;
-  std::mt19937 rng(1234);
+  report["device"] = o.device;
+  std::mt19937 rng(static_cast<uint32_t>(o.seed));
 
   if (o.mode == "throughput" || o.mode == "all") {
     cfg.enable_prefix_caching = false;  // measure compute, not reuse
@@ -149,25 +194,31 @@ int run_bench_offline(const BenchOfflineOptions& o) {
       std::fprintf(stderr, "error: %s\n", engine.status().to_string().c_str());
       return 1;
     }
-    const int vocab = (*engine)->model_info().vocab_size;
-    std::vector<std::vector<int32_t>> prompts;
-    for (int i = 0; i < o.num_requests; ++i) prompts.push_back(random_tokens(rng, o.input_len, vocab));
+    bool used_text = false;
+    std::vector<std::vector<int32_t>> prompts = make_prompts(o, **engine, rng, o.num_requests, &used_text);
     // Warm-up: one short request (page faults, thread start).
     run_requests(**engine, {prompts[0]}, 2);
     RunResult seq;
     const EngineStats st0 = (*engine)->stats();
     const auto t0 = Clock::now();
     for (int i = 0; i < std::min(o.num_sequential, o.num_requests); ++i) {
+      const double offset = seconds_since(t0, Clock::now());
       RunResult one = run_requests(**engine, {prompts[i]}, o.output_len);
       seq.generated += one.generated;
-      seq.timings.push_back(one.timings[0]);
+      bench::RequestRecord r = std::move(one.records[0]);
+      // One timeline for the sequential requests (for the duration and throughput).
+      r.send_s += offset;
+      r.end_s += offset;
+      if (r.first_token_s >= 0) r.first_token_s += offset;
+      for (auto& x : r.chunk_s) x += offset;
+      seq.records.push_back(std::move(r));
     }
     seq.wall_s = seconds_since(t0, Clock::now());
     const EngineStats st1 = (*engine)->stats();
     RunResult conc = run_requests(**engine, prompts, o.output_len);
     const EngineStats st2 = (*engine)->stats();
-    std::printf("throughput: input %d, output %d tokens, %d concurrent requests\n", o.input_len, o.output_len,
-                o.num_requests);
+    std::printf("throughput: input %d, output %d tokens, %d concurrent requests (%s prompts)\n", o.input_len,
+                o.output_len, o.num_requests, used_text ? "text" : "random-id");
     std::printf("  %-14s %12s %12s %12s\n", "", "tokens/s", "TTFT ms", "TPOT ms");
     std::printf("  %-14s %12.1f %12.1f %12.2f\n", "one at a time", seq.tokens_per_s(), seq.mean_ttft_ms(),
                 seq.mean_tpot_ms());
@@ -177,21 +228,29 @@ int run_bench_offline(const BenchOfflineOptions& o) {
     std::printf("  speedup %.2fx\n", speedup);
     nlohmann::json timing_seq = print_step_timing("one at a time", st0, st1);
     nlohmann::json timing_conc = print_step_timing("concurrent", st1, st2);
+    const bench::RunMetrics m_seq = bench::compute_metrics(seq.records, *slo);
+    const bench::RunMetrics m_conc = bench::compute_metrics(conc.records, *slo);
+    if (!seq.records.empty()) bench::print_summary(stdout, "Offline benchmark: one at a time", m_seq);
+    bench::print_summary(stdout, "Offline benchmark: concurrent", m_conc);
+    auto to_json = [](const bench::RunMetrics& m) { return nlohmann::json::parse(bench::metrics_to_json(m).dump()); };
     report["throughput"] = {{"input_len", o.input_len},
                             {"output_len", o.output_len},
                             {"num_requests", o.num_requests},
+                            {"prompts", used_text ? "text" : "random_ids"},
                             {"sequential", {{"tokens_per_s", seq.tokens_per_s()},
                                             {"ttft_ms", seq.mean_ttft_ms()},
-                                            {"tpot_ms", seq.mean_tpot_ms()}}},
+                                            {"tpot_ms", seq.mean_tpot_ms()},
+                                            {"metrics", to_json(m_seq)}}},
                             {"concurrent", {{"tokens_per_s", conc.tokens_per_s()},
                                             {"ttft_ms", conc.mean_ttft_ms()},
-                                            {"tpot_ms", conc.mean_tpot_ms()}}},
+                                            {"tpot_ms", conc.mean_tpot_ms()},
+                                            {"metrics", to_json(m_conc)}}},
                             {"speedup", speedup},
                             {"decode_step_timing", {{"sequential", timing_seq}, {"concurrent", timing_conc}}}};
   }
 
   if (o.mode == "prefix" || o.mode == "all") {
-    cfg.enable_prefix_caching = true;
+    cfg.enable_prefix_caching = !o.no_prefix_caching;
     auto engine = Engine::create(cfg);
     if (!engine.ok()) {
       std::fprintf(stderr, "error: %s\n", engine.status().to_string().c_str());

@@ -3,6 +3,9 @@
 //               time (fixed input/output lengths): tokens/s, TTFT, TPOT.
 //   prefix:     time to first token of a request whose long shared system
 //               prompt is warm in the prefix cache against a cold one.
+// Each throughput row also reports TTFT / TPOT / ITL / E2E percentiles with
+// the metrics code of `osprey bench serve` (tools/bench/metrics.h): every
+// output of the engine's stream is timestamped as it arrives.
 #pragma once
 
 #include <cstdint>
@@ -23,7 +26,24 @@ struct BenchOfflineOptions {
   int prefix_trials = 3;
   int max_num_batched_tokens = 2048;
   int64_t kv_cache_bytes = int64_t{1} << 30;
+  bool kv_cache_bytes_explicit = false;
   std::string json_path;         // also write the results as JSON here
+  // EngineConfig pass-through (include/osprey/engine.h).
+  std::string device = "cpu";
+  std::string dtype = "auto";
+  std::string load_format = "auto";
+  std::string tokenizer;
+  double gpu_memory_utilization = 0.90;
+  int max_num_seqs = 0;          // <= 0: num_requests
+  bool enforce_eager = false;
+  bool quantize_activations = false;  // CPU: 8-bit activations in quantised matmuls
+  int block_size = 16;
+  bool no_prefix_caching = false;  // prefix mode always turns it on; this turns it off there too
+  // Prompts: token ids from a seeded RNG (works without a tokenizer), or, by
+  // default when the model has a tokenizer, text of exactly input_len tokens.
+  bool random_prompts = false;
+  uint64_t seed = 1234;
+  std::string slo;               // goodput SLOs, as `bench serve --slo`
 };
 
 // Runs the benchmark, prints a report to stdout; returns a process exit code.
