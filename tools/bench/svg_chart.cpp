@@ -20,7 +20,11 @@ std::string num(double v) {
 
 std::string tick_label(double v) {
   char b[32];
-  if (v != 0 && (std::fabs(v) >= 1e5 || std::fabs(v) < 1e-2))
+  if (v != 0 && std::fabs(v) >= 1e6)
+    std::snprintf(b, sizeof b, "%.4gM", v / 1e6);
+  else if (v != 0 && std::fabs(v) >= 1e4)
+    std::snprintf(b, sizeof b, "%.4gk", v / 1e3);
+  else if (v != 0 && std::fabs(v) < 1e-2)
     std::snprintf(b, sizeof b, "%.1e", v);
   else
     std::snprintf(b, sizeof b, "%.4g", v);
@@ -38,7 +42,10 @@ std::vector<double> nice_ticks(double lo, double hi, int target = 6) {
     step = m * mag;
     if (raw <= step) break;
   }
-  for (double v = std::floor(lo / step) * step; v <= hi + step * 1e-9; v += step) t.push_back(v);
+  // From the last tick at or below lo to the first at or above hi, so that
+  // every value lies inside the axis.
+  const double first = std::floor(lo / step) * step, last = std::ceil(hi / step - 1e-9) * step;
+  for (double v = first; v <= last + step * 1e-9; v += step) t.push_back(v);
   return t;
 }
 
