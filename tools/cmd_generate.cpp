@@ -27,10 +27,46 @@ struct GenerateOptions {
   std::string device = "cpu";
   bool ignore_eos = false;
   bool quiet_timings = false;
+  bool quantize_activations = false;
+  double gpu_memory_utilization = 0.90;
+  bool enforce_eager = false;
+  std::string dtype = "auto";
+  std::string kv_cache_dtype = "auto";
+  std::string load_format = "auto";
+  std::string tokenizer;
+  std::string prompt_ids;  // comma-separated token ids instead of --prompt
 };
 
+// "1,2, 3" -> {1, 2, 3}; false on anything else.
+bool parse_ids(const std::string& text, std::vector<int32_t>& out) {
+  size_t i = 0;
+  while (i < text.size()) {
+    while (i < text.size() && (text[i] == ' ' || text[i] == ',')) ++i;
+    if (i == text.size()) break;
+    size_t end = i;
+    while (end < text.size() && text[end] >= '0' && text[end] <= '9') ++end;
+    if (end == i || end - i > 9) return false;
+    out.push_back(static_cast<int32_t>(std::stol(text.substr(i, end - i))));
+    i = end;
+  }
+  return !out.empty();
+}
+
 int run_generate(const GenerateOptions& o) {
-  auto path = resolve_model_path(o.model);
+  if (o.prompt.empty() == o.prompt_ids.empty()) {
+    std::fprintf(stderr, "osprey: give exactly one of --prompt and --prompt-ids\n");
+    return 1;
+  }
+  std::vector<int32_t> ids;
+  if (!o.prompt_ids.empty() && !parse_ids(o.prompt_ids, ids)) {
+    std::fprintf(stderr, "osprey: --prompt-ids must be comma-separated token ids, got '%s'\n", o.prompt_ids.c_str());
+    return 1;
+  }
+  if (!ids.empty() && o.chat) {
+    std::fprintf(stderr, "osprey: --chat takes --prompt text, not --prompt-ids\n");
+    return 1;
+  }
+  auto path = o.load_format == "dummy" ? Expected<std::string>(o.model) : resolve_model_path(o.model);
   if (!path.ok()) {
     std::fprintf(stderr, "osprey: %s\n", path.status().to_string().c_str());
     return 1;
@@ -39,6 +75,13 @@ int run_generate(const GenerateOptions& o) {
   config.model_path = *path;
   config.num_threads = o.threads;
   config.device = o.device;
+  config.quantize_activations = o.quantize_activations;
+  config.gpu_memory_utilization = o.gpu_memory_utilization;
+  config.enforce_eager = o.enforce_eager;
+  config.dtype = o.dtype;
+  config.kv_cache_dtype = o.kv_cache_dtype;
+  config.load_format = o.load_format;
+  config.tokenizer = o.tokenizer;
   auto engine = Engine::create(config);
   if (!engine.ok()) {
     std::fprintf(stderr, "osprey: %s\n", engine.status().to_string().c_str());
@@ -52,8 +95,14 @@ int run_generate(const GenerateOptions& o) {
   req.params.top_k = o.top_k;
   req.params.ignore_eos = o.ignore_eos;
   if (o.seed >= 0) req.params.seed = static_cast<uint64_t>(o.seed);
-  if (o.chat) {
+  if (!ids.empty()) {
+    req.prompt_token_ids = ids;
+  } else if (o.chat) {
     std::shared_ptr<const TextProcessor> text = (*engine)->text();
+    if (!text) {
+      std::fprintf(stderr, "osprey: this model has no tokenizer or chat template (give --tokenizer)\n");
+      return 1;
+    }
     nlohmann::ordered_json messages = nlohmann::ordered_json::array();
     if (!o.system.empty()) messages.push_back({{"role", "system"}, {"content", o.system}});
     messages.push_back({{"role", "user"}, {"content", o.prompt}});
@@ -119,7 +168,16 @@ void add_generate_command(CLI::App& app) {
   auto o = std::make_shared<GenerateOptions>();
   auto* cmd = app.add_subcommand("generate", "Generate text from a prompt, streamed to stdout");
   cmd->add_option("--model", o->model, "Model folder, .gguf file, or 'default'");
-  cmd->add_option("--prompt", o->prompt, "Prompt text (the user message with --chat)")->required();
+  cmd->add_option("--prompt", o->prompt, "Prompt text (the user message with --chat)");
+  cmd->add_option("--prompt-ids", o->prompt_ids, "Prompt as comma-separated token ids (instead of --prompt)");
+  cmd->add_option("--dtype", o->dtype, "Compute dtype: auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16");
+  cmd->add_option("--kv-cache-dtype", o->kv_cache_dtype, "KV page dtype: auto (the compute dtype), float32, "
+                                                          "bfloat16, float16");
+  cmd->add_option("--load-format", o->load_format,
+                  "auto, or dummy: random weights from a config (--model: a bundled name such as llama-3-8b, "
+                  "a config.json or a folder with one)");
+  cmd->add_option("--tokenizer", o->tokenizer, "Tokenizer to use instead of the model's (a folder, "
+                                               "tokenizer.json or .gguf)");
   cmd->add_flag("--chat", o->chat, "Send the prompt as a chat message through the model's chat template");
   cmd->add_option("--system", o->system, "System message (with --chat)");
   cmd->add_option("--max-tokens", o->max_tokens, "Tokens to generate at most")->check(CLI::Range(1, 1 << 20));
@@ -130,7 +188,13 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--threads", o->threads, "Compute threads (default: all cores)");
   cmd->add_option("--device", o->device, "cpu, or cuda / cuda:N (builds with the CUDA backend)");
   cmd->add_flag("--ignore-eos", o->ignore_eos, "Keep generating past the end-of-sequence token");
+  cmd->add_option("--gpu-memory-utilization", o->gpu_memory_utilization,
+                  "CUDA: fraction of the device memory for weights, step buffers and the KV cache")
+      ->check(CLI::Range(0.01, 1.0));
+  cmd->add_flag("--enforce-eager", o->enforce_eager, "CUDA: run decode steps eagerly (no CUDA graphs)");
   cmd->add_flag("--no-timings", o->quiet_timings, "Do not print the timings line");
+  cmd->add_flag("--quantize-activations", o->quantize_activations,
+                "CPU: 8-bit activations in matmuls with Q8_0/Q4_0/Q4_1 weights (faster, not bit-exact)");
   cmd->callback([o] { exit_code() = run_generate(*o); });
 }
 

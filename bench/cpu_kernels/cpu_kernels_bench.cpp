@@ -65,6 +65,7 @@ struct Args {
   osprey::cpu::Isa isa = osprey::cpu::Isa::kAuto;
   int reps = 0;  // 0: auto
   int batch = 0;  // > 0: only the batched-decode shapes at n = batch
+  bool q8 = false;  // --q8: CpuBackendOptions::quantize_activations
 };
 
 void bench_matmul(osprey::cpu::CpuBackend& be, DType t, int64_t m, int64_t k, int64_t n, bool cold, int reps) {
@@ -255,21 +256,26 @@ int main(int argc, char** argv) {
       a.reps = std::atoi(argv[++i]);
     } else if (s == "--batch" && i + 1 < argc) {
       a.batch = std::atoi(argv[++i]);
+    } else if (s == "--q8") {
+      a.q8 = true;
     } else if (s == "--isa" && i + 1 < argc) {
       const std::string v = argv[++i];
       a.isa = v == "scalar" ? osprey::cpu::Isa::kScalar
               : v == "avx2" ? osprey::cpu::Isa::kAvx2
                             : osprey::cpu::Isa::kAuto;
     } else {
-      std::fprintf(stderr, "usage: %s [--threads N] [--isa auto|scalar|avx2] [--reps R] [--batch N]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--threads N] [--isa auto|scalar|avx2] [--reps R] [--batch N] [--q8]\n",
+                   argv[0]);
       return 2;
     }
   }
   osprey::cpu::CpuBackendOptions o;
   o.num_threads = a.threads;
   o.isa = a.isa;
+  o.quantize_activations = a.q8;
   auto be = osprey::cpu::make_cpu_backend(o);
-  std::printf("backend %s, %d threads\n", be->name(), be->num_threads());
+  std::printf("backend %s, %d threads, 8-bit activations: %s\n", be->name(), be->num_threads(),
+              be->q8_isa_name() ? be->q8_isa_name() : "off");
   if (a.batch > 0) {  // batched decode: every layer shape and the lm_head at n = batch
     const std::pair<int64_t, int64_t> mk[] = {{576, 576}, {192, 576}, {1536, 576}, {576, 1536}};
     for (auto [m, k] : mk) bench_matmul(*be, DType::kQ4_1, m, k, a.batch, /*cold=*/false, a.reps);

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "core/check.h"
+#include "ops/uniform_hash.h"
 
 namespace osprey::cpu {
 namespace {
@@ -51,6 +52,7 @@ CpuBackend::CpuBackend(const CpuBackendOptions& options)
       name_(kernels_ == &scalar_kernels() ? "cpu-scalar"
             : kernels_ == avx2_kernels()  ? "cpu-avx2"
                                           : "cpu-avx512") {
+  if (options.quantize_activations) q8_ = q8_kernels_for(kernels_);
   scratch_.reserve(static_cast<size_t>(pool_.num_threads()));
   for (int i = 0; i < pool_.num_threads(); ++i) scratch_.emplace_back(new Scratch[kScratchSlots]);
 }
@@ -256,13 +258,98 @@ void CpuBackend::gather_rows(const Tensor& x, const int32_t* rows, int num_rows,
   }
 }
 
+namespace {
+
+bool is_float_dtype(DType t) {
+  return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16;
+}
+
+void store_float(DType t, void* base, int64_t i, float v) {
+  switch (t) {
+    case DType::kF32:
+      static_cast<float*>(base)[i] = v;
+      break;
+    case DType::kF16:
+      static_cast<uint16_t*>(base)[i] = f32_to_fp16(v);
+      break;
+    default:
+      static_cast<uint16_t*>(base)[i] = f32_to_bf16(v);
+      break;
+  }
+}
+
+}  // namespace
+
+void CpuBackend::convert(const Tensor& src, Tensor& dst) {
+  OSP_CHECK_MSG(is_float_dtype(src.dtype()) && is_float_dtype(dst.dtype()),
+                "convert: F32/F16/BF16 only, got " << dtype_name(src.dtype()) << " -> " << dtype_name(dst.dtype()));
+  OSP_CHECK_EQ(src.numel(), dst.numel());
+  const int64_t n = src.numel();
+  constexpr int64_t kChunk = 4096;
+  float buf[kChunk];
+  const int64_t src_es = src.dtype() == DType::kF32 ? 4 : 2;
+  for (int64_t b = 0; b < n; b += kChunk) {
+    const int64_t len = std::min(kChunk, n - b);
+    dequantize_row(src.dtype(), static_cast<const char*>(src.data()) + b * src_es, buf, len);
+    for (int64_t i = 0; i < len; ++i) store_float(dst.dtype(), dst.data(), b + i, buf[i]);
+  }
+}
+
+void CpuBackend::fill_uniform(Tensor& t, uint64_t seed, float lo, float hi) {
+  OSP_CHECK_MSG(is_float_dtype(t.dtype()), "fill_uniform: F32/F16/BF16 only, got " << dtype_name(t.dtype()));
+  const int64_t n = t.numel();
+  const float span = hi - lo;
+  void* base = t.data();
+  const DType dt = t.dtype();
+  for_range(n, 4, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      store_float(dt, base, i, std::fmaf(span, ops::uniform_hash01(seed, static_cast<uint64_t>(i)), lo));
+    }
+  });
+}
+
+void CpuBackend::qkv_rope_kv_write(const Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm, float eps,
+                                   const ops::RopeTable& rope_table, const ops::AttentionBatch& batch,
+                                   ops::LayerKv& kv, Tensor& q_out) {
+  OSP_CHECK_MSG(qkv.dtype() == DType::kF32 && q_out.dtype() == DType::kF32, "CPU qkv_rope_kv_write takes F32");
+  OSP_CHECK_EQ(q_out.ndim(), 3);
+  const int64_t n = q_out.dim(0), hq = q_out.dim(1), hd = q_out.dim(2);
+  OSP_CHECK_EQ(qkv.rows(), n);
+  const int64_t hk = (qkv.cols() / hd - hq) / 2;
+  OSP_CHECK_MSG(hk > 0 && (hq + 2 * hk) * hd == qkv.cols(),
+                "qkv_rope_kv_write: qkv has " << qkv.cols() << " columns, not (hq + 2 hk) * hd");
+  if (n == 0) return;
+  const size_t kv_elems = static_cast<size_t>(n * hk * hd);
+  if (qkv_k_.size() < kv_elems) {
+    qkv_k_.resize(kv_elems);
+    qkv_v_.resize(kv_elems);
+  }
+  const float* src = qkv.data_as<float>();
+  float* qo = q_out.data_as<float>();
+  const int64_t row = qkv.cols(), qw = hq * hd, kw = hk * hd;
+  for (int64_t t = 0; t < n; ++t) {
+    std::memcpy(qo + t * qw, src + t * row, static_cast<size_t>(qw) * sizeof(float));
+    std::memcpy(qkv_k_.data() + t * kw, src + t * row + qw, static_cast<size_t>(kw) * sizeof(float));
+    std::memcpy(qkv_v_.data() + t * kw, src + t * row + qw + kw, static_cast<size_t>(kw) * sizeof(float));
+  }
+  Tensor k(qkv_k_.data(), DType::kF32, {n, hk, hd});
+  Tensor v(qkv_v_.data(), DType::kF32, {n, hk, hd});
+  if (q_norm.defined()) {
+    head_rms_norm(q_out, q_norm, eps);
+    head_rms_norm(k, k_norm, eps);
+  }
+  rope(q_out, k, batch.positions, rope_table);
+  kv_write(k, v, batch, kv);
+}
+
 }  // namespace osprey::cpu
 
 namespace osprey::ops {
 
-std::unique_ptr<Backend> make_cpu_backend(int num_threads) {
+std::unique_ptr<Backend> make_cpu_backend(int num_threads, bool quantize_activations) {
   cpu::CpuBackendOptions o;
   o.num_threads = num_threads;
+  o.quantize_activations = quantize_activations;
   return cpu::make_cpu_backend(o);
 }
 

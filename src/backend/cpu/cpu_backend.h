@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/cpu_q8.h"
 #include "core/thread_pool.h"
 #include "ops/backend.h"
 
@@ -24,6 +25,9 @@ struct CpuBackendOptions {
   int num_threads = 0;  // <= 0: all cores
   Isa isa = Isa::kAuto;
   int spin_us = 200;  // idle workers poll this long before sleeping
+  // Matmuls with Q8_0/Q4_0/Q4_1 weights quantise activations to 8 bits and
+  // use integer dot products (cpu_q8.h) for every n; off: fp32 throughout.
+  bool quantize_activations = false;
 };
 
 class CpuBackend final : public ops::Backend {
@@ -34,6 +38,8 @@ class CpuBackend final : public ops::Backend {
   Device device() const override { return Device::kCpu; }
   const char* name() const override { return name_; }
   const char* isa_name() const { return kernels_->isa; }
+  // ISA of the 8-bit activation kernels; null when quantize_activations is off.
+  const char* q8_isa_name() const { return q8_ ? q8_->isa : nullptr; }
   int num_threads() const { return pool_.num_threads(); }
 
   void* alloc(size_t bytes) override;
@@ -54,6 +60,12 @@ class CpuBackend final : public ops::Backend {
   void paged_attention(const Tensor& q, const ops::LayerKv& kv, const ops::AttentionBatch& batch, float scale,
                        int sliding_window, Tensor& out) override;
   void gather_rows(const Tensor& x, const int32_t* rows, int num_rows, Tensor& out) override;
+  void convert(const Tensor& src, Tensor& dst) override;
+  void fill_uniform(Tensor& t, uint64_t seed, float lo, float hi) override;
+  // Composed of head_rms_norm, rope and kv_write on copies of the k/v columns.
+  void qkv_rope_kv_write(const Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm, float eps,
+                         const ops::RopeTable& rope, const ops::AttentionBatch& batch, ops::LayerKv& kv,
+                         Tensor& q_out) override;
 
   // Tuning knobs, exposed for benchmarks and tests: matmul uses the GEMV
   // kernels for n <= gemv_max_rows, else dequantised panels of panel_rows
@@ -78,15 +90,19 @@ class CpuBackend final : public ops::Backend {
 
   void matmul_gemv(const Tensor& x, const Tensor& w, WeightFormat f, const float* bias, float* out);
   void matmul_panels(const Tensor& x, const Tensor& w, WeightFormat f, const float* bias, float* out);
+  void matmul_q8(const Tensor& x, const Tensor& w, WeightFormat f, const float* bias, float* out);
 
   const CpuKernels* kernels_;
   ThreadPool pool_;
   const char* name_;
   int gemv_max_rows_ = 3;
   int panel_rows_ = 16;
+  const Q8Kernels* q8_ = nullptr;  // set when options.quantize_activations
+  Scratch q8_act_;                 // quantised activation rows (cpu_matmul_q8.cpp)
   // [thread][slot]: slot 0 matmul panels and attention scores, 1 rope tables
   // and converted KV rows.
   std::vector<std::unique_ptr<Scratch[]>> scratch_;
+  std::vector<float> qkv_k_, qkv_v_;  // grow-only k/v columns for qkv_rope_kv_write
   Scratch shared_scratch_;          // used by the dispatching thread before a dispatch (x block sums)
   std::vector<int32_t> token_seq_;  // token -> sequence map for attention
 };

@@ -6,6 +6,8 @@
 // thread dequantises its panel once into fp32 scratch [panel_rows, k] and
 // multiplies every activation row against it, so the dequantisation cost is
 // spread over n rows. No weight matrix is ever dequantised whole.
+// With quantize_activations, Q8_0/Q4_0/Q4_1 weights go to matmul_q8 for every
+// n instead (cpu_matmul_q8.cpp).
 #include <algorithm>
 #include <cstring>
 
@@ -32,7 +34,9 @@ void CpuBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias, Te
     b = bias.data_as<float>();
   }
   if (n == 0 || m == 0) return;
-  if (n <= gemv_max_rows_) {
+  if (q8_ != nullptr && q8_format_supported(f)) {
+    matmul_q8(x, w, f, b, out.data_as<float>());
+  } else if (n <= gemv_max_rows_) {
     matmul_gemv(x, w, f, b, out.data_as<float>());
   } else {
     matmul_panels(x, w, f, b, out.data_as<float>());
