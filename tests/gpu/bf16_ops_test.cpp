@@ -1,9 +1,14 @@
 // BF16 compute on the CUDA backend against the CPU reference: row ops,
 // matmul (GEMV and cuBLASLt paths, every weight dtype, BF16 and F32 out),
 // the fused QKV norm + RoPE + KV write, paged attention with BF16 q and
-// pages (decode with padded sequences, the graph contract), the seeded fill
-// and conversions; and a dummy Llama-3.2-1B in bf16 against fp32 on the GPU.
+// pages (decode with padded sequences, the graph contract), prefill attention
+// (mixed batches; long prompts and chunks on every mma block shape), the
+// seeded fill and conversions; and a dummy Llama-3.2-1B in bf16 against fp32
+// on the GPU.
 #include <numeric>
+#include <optional>
+
+#include "backend/cuda/attention/prefill_attention_mma.h"
 
 #include "batch_runner.h"
 #include "model/model.h"
@@ -397,6 +402,284 @@ TEST_F(Bf16Ops, PrefillAttentionBf16MatchesCpu) {
                  "prefill hq=" + std::to_string(sh.hq) + " hk=" + std::to_string(sh.hk) + " hd=" +
                      std::to_string(sh.hd) + " window=" + std::to_string(sh.window));
   }
+}
+
+// One BF16 prefill step on the GPU, checked on sampled rows against a
+// float64 reference computed here from the same rounded values: long
+// prompts, chunks after earlier pages (permuted), windows; through
+// CudaBackend::paged_attention or one block shape of the mma kernel.
+struct PrefillSeq {
+  int q_len;
+  int past;  // tokens already in the cache before this step's queries
+};
+struct PrefillShape {
+  int hq, hk, hd, window;
+};
+
+class PrefillProblem {
+ public:
+  PrefillProblem(ops::Backend& gpu, PrefillShape sh, const std::vector<PrefillSeq>& seqs, int bs, uint32_t seed)
+      : sh_(sh), bs_(bs) {
+    for (const auto& sq : seqs) {
+      const int len = sq.past + sq.q_len;
+      const int np = (len + bs - 1) / bs;
+      for (int i = 0; i < sq.q_len; ++i) positions_.push_back(sq.past + i);
+      q_indptr_.push_back(q_indptr_.back() + sq.q_len);
+      kv_lens_.push_back(len);
+      for (int p = 0; p < np; ++p) block_indices_.push_back(pages_ + (p * 7 + 3) % np);  // permuted
+      pages_ += np;
+      block_indptr_.push_back(static_cast<int32_t>(block_indices_.size()));
+      max_q_ = std::max(max_q_, sq.q_len);
+      max_kv_ = std::max(max_kv_, len);
+    }
+    n_ = q_indptr_.back();
+    const size_t page_elems = static_cast<size_t>(bs) * sh.hk * sh.hd;
+    kf_ = round_bf16(random_floats(static_cast<size_t>(pages_) * page_elems, seed, -2, 2));
+    vf_ = round_bf16(random_floats(static_cast<size_t>(pages_) * page_elems, seed + 1, -2, 2));
+    qf_ = round_bf16(random_floats(static_cast<size_t>(n_) * sh.hq * sh.hd, seed + 2, -2, 2));
+    scale_ = 1.0f / std::sqrt(static_cast<float>(sh.hd));
+    gk_.emplace(upload(gpu, to_bf16(kf_)));
+    gv_.emplace(upload(gpu, to_bf16(vf_)));
+    gq_.emplace(upload(gpu, to_bf16(qf_)));
+    go_.emplace(gpu, qf_.size() * 2);
+    d_qi_.emplace(upload(gpu, q_indptr_));
+    d_kl_.emplace(upload(gpu, kv_lens_));
+    d_bi_.emplace(upload(gpu, block_indptr_));
+    d_bx_.emplace(upload(gpu, block_indices_));
+    d_pos_.emplace(upload(gpu, positions_));
+    slots_.assign(static_cast<size_t>(n_), -1);
+    d_sl_.emplace(upload(gpu, slots_));
+  }
+
+  // Attention FLOPs of the step (2 matmuls, 2 flops per multiply-add).
+  double flops() const {
+    double pairs = 0;
+    for (int t = 0; t < n_; ++t) {
+      const int pos = positions_[static_cast<size_t>(t)];
+      const int lo = sh_.window > 0 ? std::max(0, pos - sh_.window + 1) : 0;
+      pairs += pos + 1 - lo;
+    }
+    return pairs * sh_.hq * sh_.hd * 4.0;
+  }
+
+  cuda::PagedAttentionArgs args() const {
+    cuda::PagedAttentionArgs a;
+    a.act = DType::kBF16;
+    a.q = gq_->get();
+    a.k_cache = gk_->get();
+    a.v_cache = gv_->get();
+    a.kv_dtype = DType::kBF16;
+    a.num_blocks = pages_;
+    a.block_size = bs_;
+    a.hq = sh_.hq;
+    a.hk = sh_.hk;
+    a.hd = sh_.hd;
+    a.num_seqs = static_cast<int>(kv_lens_.size());
+    a.num_tokens = n_;
+    a.max_q_len = max_q_;
+    a.max_kv_len = max_kv_;
+    a.q_indptr = d_qi_->as<int32_t>();
+    a.kv_lens = d_kl_->as<int32_t>();
+    a.block_indptr = d_bi_->as<int32_t>();
+    a.block_indices = d_bx_->as<int32_t>();
+    a.positions = d_pos_->as<int32_t>();
+    a.scale = scale_;
+    a.window = sh_.window;
+    a.out = go_->get();
+    return a;
+  }
+
+  // Runs the step: variant < 0 through the op, else that block shape of
+  // launch_prefill_attention_mma.
+  void run(ops::Backend& gpu, int variant) {
+    if (variant < 0) {
+      ops::AttentionBatch g;
+      g.num_seqs = static_cast<int>(kv_lens_.size());
+      g.num_tokens = n_;
+      g.max_q_len = max_q_;
+      g.max_kv_len = max_kv_;
+      g.q_indptr = d_qi_->as<int32_t>();
+      g.kv_lens = d_kl_->as<int32_t>();
+      g.block_indptr = d_bi_->as<int32_t>();
+      g.block_indices = d_bx_->as<int32_t>();
+      g.positions = d_pos_->as<int32_t>();
+      g.slot_mapping = d_sl_->as<int32_t>();
+      ops::LayerKv gkv{dev_tensor(*gk_, DType::kBF16, {pages_, bs_, sh_.hk, sh_.hd}),
+                       dev_tensor(*gv_, DType::kBF16, {pages_, bs_, sh_.hk, sh_.hd})};
+      Tensor dq = dev_tensor(*gq_, DType::kBF16, {n_, sh_.hq, sh_.hd});
+      Tensor dout = dev_tensor(*go_, DType::kBF16, {n_, sh_.hq, sh_.hd});
+      gpu.paged_attention(dq, gkv, g, scale_, sh_.window, dout);
+      gpu.synchronize();
+    } else {
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      cuda::launch_prefill_attention_mma(args(), nullptr, variant);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    }
+  }
+
+  // Poisons the output (0xFFFF: a bf16 NaN) so unwritten rows fail.
+  void poison(ops::Backend& gpu) {
+    const std::vector<uint16_t> nan(qf_.size(), 0xFFFF);
+    DeviceMem tmp = upload(gpu, nan);
+    ASSERT_EQ(cudaMemcpy(go_->get(), tmp.get(), qf_.size() * 2, cudaMemcpyDeviceToDevice), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  }
+
+  // float64 reference for token t, all query heads: [hq * hd].
+  std::vector<double> reference(int t) const {
+    int seq = 0;
+    while (q_indptr_[static_cast<size_t>(seq) + 1] <= t) ++seq;
+    const int pos = positions_[static_cast<size_t>(t)];
+    const int hi = std::min(pos + 1, kv_lens_[static_cast<size_t>(seq)]);
+    const int lo = sh_.window > 0 ? std::max(0, pos - sh_.window + 1) : 0;
+    const int group = sh_.hq / sh_.hk;
+    std::vector<double> out(static_cast<size_t>(sh_.hq) * sh_.hd, 0.0);
+    std::vector<double> sc(static_cast<size_t>(std::max(hi - lo, 0)));
+    for (int h = 0; h < sh_.hq; ++h) {
+      const int kvh = h / group;
+      const float* qv = qf_.data() + (static_cast<size_t>(t) * sh_.hq + h) * sh_.hd;
+      auto row_of = [&](const std::vector<float>& cache, int kp) {
+        const int page = block_indices_[static_cast<size_t>(block_indptr_[static_cast<size_t>(seq)] + kp / bs_)];
+        const size_t slot = static_cast<size_t>(page) * bs_ + kp % bs_;
+        return cache.data() + (slot * sh_.hk + kvh) * sh_.hd;
+      };
+      double mx = -INFINITY;
+      for (int kp = lo; kp < hi; ++kp) {
+        const float* kr = row_of(kf_, kp);
+        double dot = 0;
+        for (int d = 0; d < sh_.hd; ++d) dot += double{qv[d]} * kr[d];
+        sc[static_cast<size_t>(kp - lo)] = dot * scale_;
+        mx = std::max(mx, dot * scale_);
+      }
+      double sum = 0;
+      for (auto& v : sc) sum += (v = std::exp(v - mx));
+      double* o = out.data() + static_cast<size_t>(h) * sh_.hd;
+      for (int kp = lo; kp < hi; ++kp) {
+        const float* vr = row_of(vf_, kp);
+        const double p = sc[static_cast<size_t>(kp - lo)] / sum;
+        for (int d = 0; d < sh_.hd; ++d) o[d] += p * vr[d];
+      }
+    }
+    return out;
+  }
+
+  // Compares every stride-th token (and the last of each sequence) with the
+  // reference; every output element must have been written (no NaN).
+  // The reference is computed on the first call and kept.
+  void check(ops::Backend& gpu, int stride, const std::string& what) {
+    const auto got = from_bf16(download<uint16_t>(gpu, *go_, qf_.size()));
+    for (float v : got) ASSERT_TRUE(std::isfinite(v)) << what << ": unwritten or non-finite output";
+    const bool fresh = ref_.empty();
+    std::vector<float> g;
+    for (int t = 0; t < n_; ++t) {
+      const bool last = std::find(q_indptr_.begin(), q_indptr_.end(), t + 1) != q_indptr_.end();
+      if (t % stride != 0 && !last) continue;
+      if (fresh) {
+        const auto ref = reference(t);
+        ref_.insert(ref_.end(), ref.begin(), ref.end());
+      }
+      const size_t row = static_cast<size_t>(sh_.hq) * sh_.hd;
+      g.insert(g.end(), got.begin() + static_cast<std::ptrdiff_t>(t * row),
+               got.begin() + static_cast<std::ptrdiff_t>((t + 1) * row));
+    }
+    expect_close(g, ref_, 3 * kBf16OutNmse, 3e-2, what);
+  }
+
+ private:
+  PrefillShape sh_;
+  int bs_;
+  std::vector<int32_t> q_indptr_{0}, kv_lens_, block_indptr_{0}, block_indices_, positions_, slots_;
+  int pages_ = 0, max_q_ = 0, max_kv_ = 0, n_ = 0;
+  float scale_ = 1.0f;
+  std::vector<float> kf_, vf_, qf_;
+  std::vector<double> ref_;  // sampled rows of the reference, in check's order
+  std::optional<DeviceMem> gk_, gv_, gq_, go_, d_qi_, d_kl_, d_bi_, d_bx_, d_pos_, d_sl_;
+};
+
+std::string prefill_tag(PrefillShape sh, int variant) {
+  return "hq=" + std::to_string(sh.hq) + " hk=" + std::to_string(sh.hk) + " hd=" + std::to_string(sh.hd) +
+         " window=" + std::to_string(sh.window) + " variant=" + std::to_string(variant);
+}
+
+// Long prompts (1000-4096 tokens), a chunk after 2100 earlier tokens, a
+// decode-like row after 3000, GQA 1/4/8, head_dim 64/128, windows; through
+// the op and through every block shape of the mma kernel.
+TEST_F(Bf16Ops, PrefillAttentionLongPromptsAndChunks) {
+  const std::vector<PrefillSeq> mixed = {{1000, 2100}, {1500, 0}, {1, 3000}, {77, 5}};
+  struct Case {
+    PrefillShape sh;
+    std::vector<PrefillSeq> seqs;
+    int bs;
+  };
+  const std::vector<Case> cases = {
+      {{4, 4, 128, 0}, mixed, 16},           // G = 1
+      {{8, 2, 64, 0}, mixed, 16},            // G = 4
+      {{8, 1, 128, 0}, mixed, 32},           // G = 8 (MQA)
+      {{8, 2, 128, 513}, mixed, 16},         // window
+      {{4, 1, 64, 100}, {{4096, 0}}, 16},    // one 4096-token prompt, small window
+      {{8, 2, 128, 0}, {{4096, 0}}, 16},     // one 4096-token prompt
+  };
+  uint32_t seed = 100;
+  for (const auto& c : cases) {
+    PrefillProblem pb(gpu(), c.sh, c.seqs, c.bs, seed += 3);
+    for (int variant = -1; variant < cuda::kNumPrefillMmaVariants; ++variant) {
+      pb.poison(gpu());
+      pb.run(gpu(), variant);
+      pb.check(gpu(), 97, prefill_tag(c.sh, variant));
+    }
+  }
+}
+
+// Not a test: TFLOP/s of the BF16 prefill kernels at Llama-3-8B heads (32 q /
+// 8 kv x 128) and 2048 / 4096-token prompts, the wmma kernel against the mma
+// one (each block shape, 0 = the automatic choice). Run with
+// --gtest_also_run_disabled_tests --gtest_filter='*PrefillAttentionThroughput*'.
+TEST_F(Bf16Ops, DISABLED_PrefillAttentionThroughput) {
+  struct Case {
+    PrefillShape sh;
+    std::vector<PrefillSeq> seqs;
+    const char* name;
+  };
+  const std::vector<Case> cases = {
+      {{32, 8, 128, 0}, {{2048, 0}}, "1 x 2048, hd 128"},
+      {{32, 8, 128, 0}, {{4096, 0}}, "1 x 4096, hd 128"},
+      {{32, 8, 128, 0}, {{2048, 0}, {2048, 0}, {2048, 0}, {2048, 0}}, "4 x 2048, hd 128"},
+      {{32, 8, 128, 0}, {{512, 3584}}, "512 after 3584, hd 128"},
+      {{32, 8, 64, 0}, {{4096, 0}}, "1 x 4096, hd 64"},
+  };
+  cudaEvent_t e0, e1;
+  ASSERT_EQ(cudaEventCreate(&e0), cudaSuccess);
+  ASSERT_EQ(cudaEventCreate(&e1), cudaSuccess);
+  for (const auto& c : cases) {
+    PrefillProblem pb(gpu(), c.sh, c.seqs, 16, 7);
+    const auto a = pb.args();
+    for (int variant = -1; variant < cuda::kNumPrefillMmaVariants; ++variant) {  // -1: wmma
+      auto launch = [&] {
+        if (variant < 0) {
+          cuda::launch_prefill_attention_wmma(a, nullptr);
+        } else {
+          cuda::launch_prefill_attention_mma(a, nullptr, variant);
+        }
+      };
+      for (int i = 0; i < 3; ++i) launch();
+      std::vector<float> ms;
+      for (int i = 0; i < 20; ++i) {
+        cudaEventRecord(e0, nullptr);
+        launch();
+        cudaEventRecord(e1, nullptr);
+        ASSERT_EQ(cudaEventSynchronize(e1), cudaSuccess);
+        float t = 0;
+        cudaEventElapsedTime(&t, e0, e1);
+        ms.push_back(t);
+      }
+      std::sort(ms.begin(), ms.end());
+      const float med = ms[ms.size() / 2];
+      std::printf("prefill attention %-24s %s%d: %8.3f ms  %6.1f TFLOP/s\n", c.name, variant < 0 ? "wmma" : "mma",
+                  variant, med, pb.flops() / (med * 1e-3) / 1e12);
+    }
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
 }
 
 TEST_F(Bf16Ops, FillUniformAndConvertMatchCpuBitForBit) {

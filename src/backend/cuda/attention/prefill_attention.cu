@@ -1,5 +1,8 @@
-// Paged attention for prefill (and mixed) steps on tensor cores: BF16 q and
-// BF16 pages, head_dim 64 or 128, FlashAttention-2 style online softmax.
+// Paged attention for prefill (and mixed) steps: BF16 q and BF16 pages,
+// head_dim 64 or 128. launch_prefill_attention runs the register-resident
+// mma.sync kernel (prefill_attention_mma.cu); this file keeps the earlier
+// wmma kernel, below, as the fallback for an unaligned out and as the
+// benchmark baseline:
 //
 // Work tile: 64 rows of one sequence and one KV head, row r = (query token
 // r / G, query head kv_head * G + r % G), G = hq / hk, so the query heads
@@ -17,15 +20,12 @@
 #include <algorithm>
 #include <climits>
 
+#include "backend/cuda/attention/prefill_attention_mma.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_common.cuh"
 #include "backend/cuda/kernels.h"
 
 namespace osprey::cuda {
-
-// The register-resident mma.sync kernel (prefill_attention_mma.cu); needs
-// out 16-byte aligned besides prefill_attention_supported.
-void launch_prefill_attention_mma(const PagedAttentionArgs& a, cudaStream_t stream);
 
 namespace {
 
@@ -276,19 +276,23 @@ bool prefill_attention_supported(const PagedAttentionArgs& a) {
          a.hq % a.hk == 0 && a.num_splits == 1 && aligned16(a.q) && aligned16(a.k_cache) && aligned16(a.v_cache);
 }
 
-void launch_prefill_attention(const PagedAttentionArgs& a, cudaStream_t stream) {
+void launch_prefill_attention_wmma(const PagedAttentionArgs& a, cudaStream_t stream) {
   OSP_CHECK(prefill_attention_supported(a));
   if (a.num_tokens == 0 || a.num_seqs == 0 || a.max_q_len == 0) return;
-#ifndef OSPREY_PREFILL_WMMA  // build flag kept only to measure the wmma kernel against the mma one
-  if (aligned16(a.out)) {
-    launch_prefill_attention_mma(a, stream);
-    return;
-  }
-#endif
   if (a.hd == 64) {
     launch_typed<64>(a, stream);
   } else {
     launch_typed<128>(a, stream);
+  }
+}
+
+void launch_prefill_attention(const PagedAttentionArgs& a, cudaStream_t stream) {
+  OSP_CHECK(prefill_attention_supported(a));
+  if (a.num_tokens == 0 || a.num_seqs == 0 || a.max_q_len == 0) return;
+  if (aligned16(a.out)) {
+    launch_prefill_attention_mma(a, stream);
+  } else {
+    launch_prefill_attention_wmma(a, stream);
   }
 }
 

@@ -2,44 +2,45 @@
 // resident, FlashAttention-2 style: BF16 q and BF16 pages, head_dim 64 or
 // 128, mma.sync m16n8k16 (bf16 in, fp32 accumulate).
 //
-// Work tile: 64 rows of one sequence and one KV head, row r = (query token
-// r / G, query head kv_head * G + r % G), G = hq / hk, so the query heads
-// sharing a KV head read each K/V tile once (GQA/MQA). Four warps, each
-// owning 16 rows; per warp Q (ldmatrix, once), S = Q K^T, the online-softmax
-// state (row max, row sum) and O stay in registers for the whole key loop.
-// K/V tiles of 64 keys are gathered through the page table with cp.async
-// (16 bytes, zero-filled past the key range) into a double-buffered,
-// padded shared-memory ring: tile t+1 loads while tile t computes. A warp
-// skips a key tile that none of its rows can see (causal / window / length),
-// and masks only tiles that straddle one of its rows' ranges.
-// Row r sees keys [max(0, pos - window + 1) if window else 0, min(pos + 1,
-// kv_len)), pos = positions[token]: earlier pages (prefix cache, earlier
-// chunks) and variable lengths need nothing else. Rows without keys get 0.
+// Work tile: kM = 64 or 128 rows of one sequence and one KV head, row r =
+// (query token r / G, query head kv_head * G + r % G), G = hq / hk, so the
+// query heads sharing a KV head read each K/V tile once (GQA/MQA). Each warp
+// owns 16 * kR rows (kR = 1 or 2); S = Q K^T, the online-softmax state (row
+// max, row sum) and O stay in registers for the whole key loop, and Q too
+// when kQRegs. K/V tiles of kN = 32 or 64 keys are gathered through the page
+// table with cp.async (16 bytes, zero-filled past the key range) into a
+// double-buffered, padded shared-memory ring: tile t+1 loads while tile t
+// computes. A warp skips a key tile that none of its rows can see (causal /
+// window / length), and masks only tiles that straddle one of its rows'
+// ranges. Row r sees keys [max(0, pos - window + 1) if window else 0,
+// min(pos + 1, kv_len)), pos = positions[token]: earlier pages (prefix
+// cache, earlier chunks) and variable lengths need nothing else. Rows
+// without keys get 0. The block shapes (launch_variant) compute the same
+// function; launch_prefill_attention_mma picks one per step.
 #include <cuda_bf16.h>
 
 #include <climits>
 #include <cstdint>
 
+#include "backend/cuda/attention/prefill_attention_mma.h"
 #include "backend/cuda/cuda_check.h"
-#include "backend/cuda/kernels.h"
 
 namespace osprey::cuda {
 namespace {
 
 using bf16 = __nv_bfloat16;
 
-constexpr int kM = 64;  // rows per block
-constexpr int kN = 64;  // keys per tile
-constexpr int kWarps = 4;
-constexpr int kThreads = kWarps * 32;
 constexpr float kLog2e = 1.4426950408889634f;
 
-template <int kHd>
+// Block shape: kWarps warps of 16 * kR rows each (kM rows per block), key
+// tiles of kN.
+template <int kHd, int kWarps, int kR, int kN>
 struct MmaLayout {
+  static constexpr int kM = 16 * kR * kWarps;
   static constexpr int kP = kHd + 8;  // bf16 pitch of sQ, sK, sV rows (16-byte pad: conflict-free ldmatrix)
   static constexpr size_t q = 0;      // sQ [kM][kP]; reused to stage the output
-  static constexpr size_t k = q + sizeof(bf16) * kM * kP;        // sK [2][kN][kP]
-  static constexpr size_t v = k + 2 * sizeof(bf16) * kN * kP;    // sV [2][kN][kP]
+  static constexpr size_t k = q + sizeof(bf16) * kM * kP;          // sK [2][kN][kP]
+  static constexpr size_t v = k + 2 * sizeof(bf16) * kN * kP;      // sV [2][kN][kP]
   static constexpr size_t range = v + 2 * sizeof(bf16) * kN * kP;  // int [kWarps][2]
   static constexpr size_t bytes = range + sizeof(int) * kWarps * 2;
 };
@@ -99,13 +100,27 @@ __device__ __forceinline__ void row_range(const PagedAttentionArgs& a, int q_beg
   }
 }
 
-template <int kHd>
-__global__ void __launch_bounds__(kThreads, 2) prefill_attention_mma_kernel(PagedAttentionArgs a, int tiles_per_seq) {
-  using L = MmaLayout<kHd>;
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// kQRegs: Q fragments live in registers for the whole key loop (else they
+// are re-read from shared memory at each k step, to save registers);
+// kMinBlocks: blocks per SM the register allocation must allow.
+template <int kHd, int kWarps, int kR, int kN, bool kQRegs, int kMinBlocks>
+__global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
+    prefill_attention_mma_kernel(PagedAttentionArgs a, int tiles_per_seq) {
+  using L = MmaLayout<kHd, kWarps, kR, kN>;
+  constexpr int kM = L::kM;
+  constexpr int kThreads = kWarps * 32;
   constexpr int kP = L::kP;
   constexpr int kChunks = kHd / 8;  // 16-byte chunks per row
   constexpr int kDT = kHd / 8;      // n8 tiles of O
   constexpr int kST = kN / 8;       // n8 tiles of S
+  constexpr bool kQInRegs = kQRegs;
+  static_assert(kN * kChunks % kThreads == 0, "K/V tile copy");
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* sQ = reinterpret_cast<bf16*>(smem + L::q);
   bf16* sK = reinterpret_cast<bf16*>(smem + L::k);
@@ -127,6 +142,7 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attention_mma_kernel(Page
   const int lane = tid & 31;
   const int g = lane >> 2;  // accumulator row within the 8-row half
   const int t4 = lane & 3;  // accumulator column pair
+  const int wrow = warp * 16 * kR;  // first row of this warp within the block
 
   // q -> sQ (zeros past the sequence's rows).
   const bf16* q = static_cast<const bf16*>(a.q);
@@ -146,12 +162,20 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attention_mma_kernel(Page
   }
   cp_async_commit();
 
-  // This thread's two rows (g and g + 8 of the warp's 16) and the warp's span.
-  int lo0, hi0, lo1, hi1;
-  row_range(a, q_begin, group, total_rows, kv_len, row0 + warp * 16 + g, lo0, hi0);
-  row_range(a, q_begin, group, total_rows, kv_len, row0 + warp * 16 + g + 8, lo1, hi1);
-  int wlo = min(lo0, lo1), whi = max(hi0, hi1);        // union of the warp's ranges
-  int wmaxlo = max(lo0, lo1), wminhi = min(hi0, hi1);  // keys every row of the warp sees
+  // This thread's rows: wrow + 16 * r + g + 8 * h, h in {0, 1}; the warp's span.
+  int lo[kR][2], hi[kR][2];
+  int wlo = INT_MAX, whi = INT_MIN, wmaxlo = INT_MIN, wminhi = INT_MAX;
+#pragma unroll
+  for (int r = 0; r < kR; ++r) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      row_range(a, q_begin, group, total_rows, kv_len, row0 + wrow + 16 * r + g + 8 * h, lo[r][h], hi[r][h]);
+      wlo = min(wlo, lo[r][h]);
+      whi = max(whi, hi[r][h]);
+      wmaxlo = max(wmaxlo, lo[r][h]);
+      wminhi = min(wminhi, hi[r][h]);
+    }
+  }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
     wlo = min(wlo, __shfl_xor_sync(0xffffffffu, wlo, o));
@@ -172,25 +196,34 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attention_mma_kernel(Page
     tile_hi = max(tile_hi, sRange[w * 2 + 1]);
   }
 
-  // Q fragments of the warp's 16 rows, all of head_dim.
-  uint32_t qf[kHd / 16][4];
+  // Q fragments (kQRegs) of the warp's rows.
+  const int q_lrow = (lane & 7) + ((lane >> 3) & 1) * 8;
+  const int q_lcol = (lane >> 4) * 8;
+  uint32_t qf[kQInRegs ? kHd / 16 : 1][4];
+  if constexpr (kQInRegs) {
 #pragma unroll
-  for (int kk = 0; kk < kHd / 16; ++kk) {
-    const int r = warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-    ldmatrix_x4(qf[kk], sQ + r * kP + kk * 16 + (lane >> 4) * 8);
+    for (int kk = 0; kk < kHd / 16; ++kk) ldmatrix_x4(qf[kk], sQ + (wrow + q_lrow) * kP + kk * 16 + q_lcol);
   }
 
-  float o[kDT][4];
+  float o[kR][kDT][4];
 #pragma unroll
-  for (int i = 0; i < kDT; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
-  float m0 = -INFINITY, m1 = -INFINITY;  // running max (log2 domain, scaled)
-  float l0 = 0.0f, l1 = 0.0f;            // this thread's share of the running sums
+  for (int r = 0; r < kR; ++r)
+#pragma unroll
+    for (int i = 0; i < kDT; ++i) o[r][i][0] = o[r][i][1] = o[r][i][2] = o[r][i][3] = 0.0f;
+  float m[kR][2], l[kR][2];  // running max (log2 domain, scaled); this thread's share of the sums
+#pragma unroll
+  for (int r = 0; r < kR; ++r) {
+    m[r][0] = m[r][1] = -INFINITY;
+    l[r][0] = l[r][1] = 0.0f;
+  }
   const float scale2 = a.scale * kLog2e;
 
   const int32_t* pages = a.block_indices + a.block_indptr[seq];
   const bf16* kc = static_cast<const bf16*>(a.k_cache);
   const bf16* vc = static_cast<const bf16*>(a.v_cache);
   const int bs = a.block_size;
+  const bool bs_pow2 = (bs & (bs - 1)) == 0;  // the usual case: shift and mask instead of a division
+  const int bs_shift = __ffs(bs) - 1;
   const int64_t slot_stride = static_cast<int64_t>(a.hk) * kHd;
   const int64_t head_off = static_cast<int64_t>(kvh) * kHd;
 
@@ -208,8 +241,9 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attention_mma_kernel(Page
       const bf16* srcv = vc;
       int bytes = 0;
       if (kp < tile_hi) {
-        const int64_t off =
-            static_cast<int64_t>(pages[kp / bs] * bs + kp % bs) * slot_stride + head_off + c * 8;
+        const int page = bs_pow2 ? kp >> bs_shift : kp / bs;
+        const int within = bs_pow2 ? kp & (bs - 1) : kp - page * bs;
+        const int64_t off = static_cast<int64_t>(pages[page] * bs + within) * slot_stride + head_off + c * 8;
         srck = kc + off;
         srcv = vc + off;
         bytes = 16;
@@ -230,108 +264,135 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attention_mma_kernel(Page
     const bf16* tk = sK + buf * kN * kP;
     const bf16* tv = sV + buf * kN * kP;
 
-    // S[16, kN] = Q K^T.
-    float s[kST][4];
+    // S[16 kR, kN] = Q K^T.
+    float s[kR][kST][4];
 #pragma unroll
-    for (int i = 0; i < kST; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+    for (int r = 0; r < kR; ++r)
+#pragma unroll
+      for (int i = 0; i < kST; ++i) s[r][i][0] = s[r][i][1] = s[r][i][2] = s[r][i][3] = 0.0f;
 #pragma unroll
     for (int kk = 0; kk < kHd / 16; ++kk) {
+      uint32_t qa[kR][4];
+#pragma unroll
+      for (int r = 0; r < kR; ++r) {
+        if constexpr (kQInRegs) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) qa[r][e] = qf[kk][e];
+        } else {
+          ldmatrix_x4(qa[r], sQ + (wrow + 16 * r + q_lrow) * kP + kk * 16 + q_lcol);
+        }
+      }
 #pragma unroll
       for (int np = 0; np < kST / 2; ++np) {
         uint32_t b[4];
         ldmatrix_x4(b, tk + (np * 16 + (lane & 7) + (lane >> 4) * 8) * kP + kk * 16 + ((lane >> 3) & 1) * 8);
-        mma_bf16(s[2 * np], qf[kk], b[0], b[1]);
-        mma_bf16(s[2 * np + 1], qf[kk], b[2], b[3]);
-      }
-    }
-
-    // Scale, mask, online softmax.
-    const bool full = kb >= wmaxlo && kb + kN <= wminhi;
 #pragma unroll
-    for (int i = 0; i < kST; ++i) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float v = s[i][e] * scale2;
-        if (!full) {
-          const int col = kb + i * 8 + t4 * 2 + (e & 1);
-          const bool ok = e < 2 ? (col >= lo0 && col < hi0) : (col >= lo1 && col < hi1);
-          v = ok ? v : -INFINITY;
+        for (int r = 0; r < kR; ++r) {
+          mma_bf16(s[r][2 * np], qa[r], b[0], b[1]);
+          mma_bf16(s[r][2 * np + 1], qa[r], b[2], b[3]);
         }
-        s[i][e] = v;
       }
     }
-    float mx0 = -INFINITY, mx1 = -INFINITY;
+
+    // Scale, mask, online softmax; P (bf16) packed as the A operand of P V.
+    const bool full = kb >= wmaxlo && kb + kN <= wminhi;
+    uint32_t pa[kR][kN / 16][4];
 #pragma unroll
-    for (int i = 0; i < kST; ++i) {
-      mx0 = fmaxf(mx0, fmaxf(s[i][0], s[i][1]));
-      mx1 = fmaxf(mx1, fmaxf(s[i][2], s[i][3]));
-    }
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-    const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-    // A row with no key so far keeps max -inf: subtract 0 so p = exp2(-inf) = 0.
-    const float mu0 = mn0 == -INFINITY ? 0.0f : mn0;
-    const float mu1 = mn1 == -INFINITY ? 0.0f : mn1;
-    const float alpha0 = exp2f(m0 - mu0), alpha1 = exp2f(m1 - mu1);
-    m0 = mn0;
-    m1 = mn1;
-    float ps0 = 0.0f, ps1 = 0.0f;
+    for (int r = 0; r < kR; ++r) {
+      float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int i = 0; i < kST; ++i) {
-      s[i][0] = exp2f(s[i][0] - mu0);
-      s[i][1] = exp2f(s[i][1] - mu0);
-      s[i][2] = exp2f(s[i][2] - mu1);
-      s[i][3] = exp2f(s[i][3] - mu1);
-      ps0 += s[i][0] + s[i][1];
-      ps1 += s[i][2] + s[i][3];
-    }
-    l0 = l0 * alpha0 + ps0;
-    l1 = l1 * alpha1 + ps1;
+      for (int i = 0; i < kST; ++i) {
 #pragma unroll
-    for (int i = 0; i < kDT; ++i) {
-      o[i][0] *= alpha0;
-      o[i][1] *= alpha0;
-      o[i][2] *= alpha1;
-      o[i][3] *= alpha1;
+        for (int e = 0; e < 4; ++e) {
+          float v = s[r][i][e] * scale2;
+          if (!full) {
+            const int col = kb + i * 8 + t4 * 2 + (e & 1);
+            v = col >= lo[r][e >> 1] && col < hi[r][e >> 1] ? v : -INFINITY;
+          }
+          s[r][i][e] = v;
+          mx[e >> 1] = fmaxf(mx[e >> 1], v);
+        }
+      }
+      float mu[2], alpha[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+        const float mn = fmaxf(m[r][h], mx[h]);
+        // A row with no key so far keeps max -inf: subtract 0 so p = exp2(-inf) = 0.
+        mu[h] = mn == -INFINITY ? 0.0f : mn;
+        alpha[h] = fast_exp2(m[r][h] - mu[h]);
+        m[r][h] = mn;
+      }
+      float ps[2] = {0.0f, 0.0f};
+#pragma unroll
+      for (int i = 0; i < kST; ++i) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          s[r][i][e] = fast_exp2(s[r][i][e] - mu[e >> 1]);
+          ps[e >> 1] += s[r][i][e];
+        }
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) l[r][h] = l[r][h] * alpha[h] + ps[h];
+#pragma unroll
+      for (int i = 0; i < kDT; ++i) {
+        o[r][i][0] *= alpha[0];
+        o[r][i][1] *= alpha[0];
+        o[r][i][2] *= alpha[1];
+        o[r][i][3] *= alpha[1];
+      }
+#pragma unroll
+      for (int kk = 0; kk < kN / 16; ++kk) {
+        pa[r][kk][0] = pack_bf16(s[r][2 * kk][0], s[r][2 * kk][1]);
+        pa[r][kk][1] = pack_bf16(s[r][2 * kk][2], s[r][2 * kk][3]);
+        pa[r][kk][2] = pack_bf16(s[r][2 * kk + 1][0], s[r][2 * kk + 1][1]);
+        pa[r][kk][3] = pack_bf16(s[r][2 * kk + 1][2], s[r][2 * kk + 1][3]);
+      }
     }
 
-    // O[16, hd] += P[16, kN] V[kN, hd]; P from the S accumulators, rounded to bf16.
+    // O[16 kR, hd] += P[16 kR, kN] V[kN, hd].
 #pragma unroll
     for (int kk = 0; kk < kN / 16; ++kk) {
-      const uint32_t pa[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]), pack_bf16(s[2 * kk][2], s[2 * kk][3]),
-                              pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                              pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
 #pragma unroll
       for (int dp = 0; dp < kDT / 2; ++dp) {
         uint32_t b[4];
         ldmatrix_x4_trans(b, tv + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kP + dp * 16 + (lane >> 4) * 8);
-        mma_bf16(o[2 * dp], pa, b[0], b[1]);
-        mma_bf16(o[2 * dp + 1], pa, b[2], b[3]);
+#pragma unroll
+        for (int r = 0; r < kR; ++r) {
+          mma_bf16(o[r][2 * dp], pa[r][kk], b[0], b[1]);
+          mma_bf16(o[r][2 * dp + 1], pa[r][kk], b[2], b[3]);
+        }
       }
     }
   }
 
   // out = O / l, staged through the warp's own rows of sQ for 16-byte stores.
-  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-  const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f;
-  const float inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
-  bf16* stage = sQ + warp * 16 * kP;  // only this warp ever read these rows
+  bf16* stage = sQ + wrow * kP;  // only this warp ever read these rows
 #pragma unroll
-  for (int i = 0; i < kDT; ++i) {
-    *reinterpret_cast<uint32_t*>(stage + g * kP + i * 8 + t4 * 2) = pack_bf16(o[i][0] * inv0, o[i][1] * inv0);
-    *reinterpret_cast<uint32_t*>(stage + (g + 8) * kP + i * 8 + t4 * 2) = pack_bf16(o[i][2] * inv1, o[i][3] * inv1);
+  for (int r = 0; r < kR; ++r) {
+    float inv[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float sum = l[r][h];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      inv[h] = sum > 0.0f ? 1.0f / sum : 0.0f;
+    }
+#pragma unroll
+    for (int i = 0; i < kDT; ++i) {
+      *reinterpret_cast<uint32_t*>(stage + (16 * r + g) * kP + i * 8 + t4 * 2) =
+          pack_bf16(o[r][i][0] * inv[0], o[r][i][1] * inv[0]);
+      *reinterpret_cast<uint32_t*>(stage + (16 * r + g + 8) * kP + i * 8 + t4 * 2) =
+          pack_bf16(o[r][i][2] * inv[1], o[r][i][3] * inv[1]);
+    }
   }
   __syncwarp();
   bf16* out = static_cast<bf16*>(a.out);
-  for (int i = lane; i < 16 * kChunks; i += 32) {
+  for (int i = lane; i < 16 * kR * kChunks; i += 32) {
     const int r = i / kChunks;
     const int c = i - r * kChunks;
-    const int grow = row0 + warp * 16 + r;
+    const int grow = row0 + wrow + r;
     if (grow >= total_rows) continue;
     const int token = q_begin + grow / group;
     const int head = kvh * group + grow % group;
@@ -340,29 +401,56 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attention_mma_kernel(Page
   }
 }
 
-template <int kHd>
+template <int kHd, int kWarps, int kR, int kN, bool kQRegs, int kMinBlocks>
 void launch_mma_typed(const PagedAttentionArgs& a, cudaStream_t stream) {
+  using L = MmaLayout<kHd, kWarps, kR, kN>;
   const int group = a.hq / a.hk;
-  const int tiles = (a.max_q_len * group + kM - 1) / kM;
+  const int tiles = static_cast<int>((int64_t{a.max_q_len} * group + L::kM - 1) / L::kM);
   const int64_t blocks_x = static_cast<int64_t>(a.num_seqs) * tiles;
   OSP_CHECK_LE(blocks_x, int64_t{2147483647});
-  constexpr size_t smem = MmaLayout<kHd>::bytes;
-  auto kernel = prefill_attention_mma_kernel<kHd>;
-  OSP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  auto kernel = prefill_attention_mma_kernel<kHd, kWarps, kR, kN, kQRegs, kMinBlocks>;
+  OSP_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(L::bytes)));
   const dim3 grid(static_cast<unsigned>(blocks_x), static_cast<unsigned>(a.hk));
-  kernel<<<grid, kThreads, smem, stream>>>(a, tiles);
+  kernel<<<grid, kWarps * 32, L::bytes, stream>>>(a, tiles);
   OSP_CUDA_CHECK_LAUNCH();
+}
+
+template <int kHd>
+void launch_variant(const PagedAttentionArgs& a, cudaStream_t stream, int variant) {
+  switch (variant) {
+    case 1: return launch_mma_typed<kHd, 4, 1, 64, true, 2>(a, stream);
+    case 2: return launch_mma_typed<kHd, 8, 1, 64, true, 1>(a, stream);
+    case 3: return launch_mma_typed<kHd, 4, 2, 32, false, 1>(a, stream);
+    case 4: return launch_mma_typed<kHd, 4, 2, 64, false, 1>(a, stream);
+    case 5: return launch_mma_typed<kHd, 8, 2, 32, false, 1>(a, stream);
+    default: return launch_mma_typed<kHd, 4, 1, 32, false, 3>(a, stream);
+  }
 }
 
 }  // namespace
 
-// Preconditions: those of prefill_attention_supported (prefill_attention.cu),
-// out 16-byte aligned, and at least one query token.
-void launch_prefill_attention_mma(const PagedAttentionArgs& a, cudaStream_t stream) {
+void launch_prefill_attention_mma(const PagedAttentionArgs& a, cudaStream_t stream, int variant) {
+  OSP_CHECK(a.hd == 64 || a.hd == 128);
+  OSP_CHECK(variant >= 0 && variant < kNumPrefillMmaVariants);
+  if (variant == 0) {
+    // Measured on an H200 (docs/cuda.md): 64-row blocks for short prompts;
+    // 128-row blocks of 8 warps x 16 rows while that gives few waves of
+    // blocks; 4 warps x 32 rows once there are many (sooner for hd 64).
+    const int64_t rows = int64_t{a.max_q_len} * (a.hq / a.hk);
+    const int64_t wide_blocks = int64_t{a.num_seqs} * ((rows + 127) / 128) * a.hk;
+    if (rows < kRowsForWideTiles) {
+      variant = 1;
+    } else if (wide_blocks < (a.hd == 64 ? kBlocksForTallWarps : 2 * kBlocksForTallWarps)) {
+      variant = 2;
+    } else {
+      variant = 4;
+    }
+  }
   if (a.hd == 64) {
-    launch_mma_typed<64>(a, stream);
+    launch_variant<64>(a, stream, variant);
   } else {
-    launch_mma_typed<128>(a, stream);
+    launch_variant<128>(a, stream, variant);
   }
 }
 
