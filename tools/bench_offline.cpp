@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/metrics.h"
+#include "bench/profile_table.h"
 #include "bench/report.h"
 #include "bench/workload.h"
 #include "osprey/engine.h"
@@ -189,7 +190,9 @@ int run_bench_offline(const BenchOfflineOptions& o) {
 
   if (o.mode == "throughput" || o.mode == "all") {
     cfg.enable_prefix_caching = false;  // measure compute, not reuse
+    cfg.profile = o.profile;
     auto engine = Engine::create(cfg);
+    cfg.profile = false;  // the prefix mode's engine runs unprofiled
     if (!engine.ok()) {
       std::fprintf(stderr, "error: %s\n", engine.status().to_string().c_str());
       return 1;
@@ -199,6 +202,7 @@ int run_bench_offline(const BenchOfflineOptions& o) {
     // Warm-up: one short request (page faults, thread start).
     run_requests(**engine, {prompts[0]}, 2);
     RunResult seq;
+    (*engine)->reset_profile();  // the warm-up's ops out
     const EngineStats st0 = (*engine)->stats();
     const auto t0 = Clock::now();
     for (int i = 0; i < std::min(o.num_sequential, o.num_requests); ++i) {
@@ -215,8 +219,11 @@ int run_bench_offline(const BenchOfflineOptions& o) {
     }
     seq.wall_s = seconds_since(t0, Clock::now());
     const EngineStats st1 = (*engine)->stats();
+    const ProfileReport prof_seq = (*engine)->profile();
+    (*engine)->reset_profile();
     RunResult conc = run_requests(**engine, prompts, o.output_len);
     const EngineStats st2 = (*engine)->stats();
+    const ProfileReport prof_conc = (*engine)->profile();
     std::printf("throughput: input %d, output %d tokens, %d concurrent requests (%s prompts)\n", o.input_len,
                 o.output_len, o.num_requests, used_text ? "text" : "random-id");
     std::printf("  %-14s %12s %12s %12s\n", "", "tokens/s", "TTFT ms", "TPOT ms");
@@ -232,6 +239,13 @@ int run_bench_offline(const BenchOfflineOptions& o) {
     const bench::RunMetrics m_conc = bench::compute_metrics(conc.records, *slo);
     if (!seq.records.empty()) bench::print_summary(stdout, "Offline benchmark: one at a time", m_seq);
     bench::print_summary(stdout, "Offline benchmark: concurrent", m_conc);
+    if (o.profile) {
+      std::printf("\none at a time: %s\nconcurrent: %s", bench::format_profile_table(prof_seq).c_str(),
+                  bench::format_profile_table(prof_conc).c_str());
+      std::printf("(profiled runs are eager and slower: time every op, not the throughput)\n");
+      report["profile"] = {{"sequential", nlohmann::json::parse(bench::profile_to_json(prof_seq).dump())},
+                           {"concurrent", nlohmann::json::parse(bench::profile_to_json(prof_conc).dump())}};
+    }
     auto to_json = [](const bench::RunMetrics& m) { return nlohmann::json::parse(bench::metrics_to_json(m).dump()); };
     report["throughput"] = {{"input_len", o.input_len},
                             {"output_len", o.output_len},

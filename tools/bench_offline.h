@@ -44,6 +44,9 @@ struct BenchOfflineOptions {
   bool random_prompts = false;
   uint64_t seed = 1234;
   std::string slo;               // goodput SLOs, as `bench serve --slo`
+  // Throughput mode: per-op profile of the one-at-a-time and the concurrent
+  // runs (EngineConfig::profile: eager, every op timed; slower runs).
+  bool profile = false;
 };
 
 // Runs the benchmark, prints a report to stdout; returns a process exit code.

@@ -48,6 +48,9 @@ void add_bench_command(CLI::App& app) {
                 "Random token-id prompts (default: text prompts when the model has a tokenizer)");
   cmd->add_option("--seed", o->seed, "Seed of the prompts")->capture_default_str();
   cmd->add_option("--slo", o->slo, "Goodput SLOs, e.g. ttft=200ms,tpot=50ms");
+  cmd->add_flag("--profile", o->profile,
+                "Throughput mode: time every op (eager) and print time, GB/s and TFLOP/s per kernel group "
+                "against the device's measured ceilings");
   auto* kv_opt = cmd->get_option("--kv-cache-mb");
   cmd->callback([o, kv_mb, kv_opt] {
     auto path = resolve_model_path(o->model_path);

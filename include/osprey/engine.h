@@ -48,6 +48,10 @@ struct EngineConfig {
   double gpu_memory_utilization = 0.90;
   // CUDA: run decode steps eagerly instead of replaying captured graphs.
   bool enforce_eager = false;
+  // Per-op profile (Engine::profile()): times every backend op of every step
+  // under a kernel group and measures the device's copy and GEMM ceilings at
+  // start-up. Runs decode steps eagerly (no graphs); costs time per op.
+  bool profile = false;
   // CPU: quantise activations to 8 bits inside matmuls with 8/4-bit
   // quantised weights (llama.cpp's method): faster, but logits no longer
   // match the fp32 reference exactly. Off by default.
@@ -235,6 +239,29 @@ struct ModelInfo {
   int block_size = 0;
 };
 
+// One kernel group of the per-op profile (EngineConfig::profile). Bytes are
+// the op's minimum memory traffic (operands read once, outputs written once;
+// attention: the KV its sequences read); FLOPs count 2 per multiply-add.
+struct ProfileEntry {
+  std::string phase;  // "prefill" (steps with prompt tokens), "decode" (one token per sequence), "other"
+  std::string group;  // "attention", "rms_norm", "sample", "matmul 6144x4096 bf16" (weight rows x cols), ...
+  int64_t calls = 0;
+  double total_ms = 0;  // device time inside the op's timer marks
+  double bytes = 0;
+  double flops = 0;
+};
+
+struct ProfileReport {
+  std::vector<ProfileEntry> entries;  // by phase (prefill, decode, other), then time, largest first
+  int64_t prefill_steps = 0;
+  int64_t decode_steps = 0;
+  int64_t untimed_calls = 0;  // ops left out (too many in one step)
+  // The device's ceilings measured when the engine started (0: unknown).
+  double copy_gbs = 0;        // device-to-device copy, read + write bytes / s / 1e9
+  double gemm_tflops = 0;     // the backend's own matmul
+  std::string gemm_shape;     // e.g. "bf16 4096x4096x4096"
+};
+
 class Engine {
  public:
   struct Impl;
@@ -255,6 +282,10 @@ class Engine {
 
   EngineStats stats() const;
   ModelInfo model_info() const;
+  // The per-op profile since the engine started or the last reset_profile()
+  // (empty unless EngineConfig::profile). Steps still running are not in it.
+  ProfileReport profile() const;
+  void reset_profile();
 
   // Tokenizer helpers, so that callers need only this header.
   Expected<std::vector<int32_t>> encode(const std::string& text, bool add_special_tokens = true) const;

@@ -358,6 +358,10 @@ EngineStats Engine::stats() const {
 
 ModelInfo Engine::model_info() const { return impl_->info; }
 
+ProfileReport Engine::profile() const { return impl_->parts.executor->profile(); }
+
+void Engine::reset_profile() { impl_->parts.executor->reset_profile(); }
+
 Expected<std::vector<int32_t>> Engine::encode(const std::string& text, bool add_special_tokens) const {
   return impl_->parts.codec->encode(text, add_special_tokens);
 }

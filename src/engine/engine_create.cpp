@@ -9,6 +9,7 @@
 #include "engine/tokenizer_loader.h"
 #include "model/model.h"
 #include "ops/backend.h"
+#include "ops/profiling_backend.h"
 #include "osprey/model_info.h"
 #include "osprey/text.h"
 
@@ -82,6 +83,13 @@ Expected<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
   if (config.model_path.empty()) return invalid_argument("no model path given");
   OSP_ASSIGN_OR_RETURN(std::string path, resolve_model_path(config.model_path));
   OSP_ASSIGN_OR_RETURN(std::unique_ptr<ops::Backend> backend, make_backend(config));
+  if (config.profile) {
+    // Ceilings first, while the device's memory is free; then every op goes through the profiler.
+    const ops::Ceilings ceilings = ops::measure_ceilings(*backend);
+    auto profiler = std::make_unique<ops::ProfilingBackend>(std::move(backend));
+    profiler->set_ceilings(ceilings);
+    backend = std::move(profiler);
+  }
   ModelLoadOptions load;
   load.load_format = config.load_format;
   load.dtype = config.dtype;
@@ -97,7 +105,7 @@ Expected<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
   parts.codec = std::move(model_text.codec);
   if (model_text.tokenizer) parts.text = TextProcessor::wrap(model_text.tokenizer);  // null: token ids only
   ExecutorOptions exec_options;
-  exec_options.enable_graphs = !config.enforce_eager;
+  exec_options.enable_graphs = !config.enforce_eager && !config.profile;  // no timer marks inside a graph
   auto executor = std::make_unique<ModelExecutor>(std::move(backend), std::move(model), exec_options);
   EngineConfig sized = config;
   OSP_RETURN_IF_ERROR(size_kv_pool(config, *executor, parts.kv_bytes_per_token, parts.model_max_len, sized));

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kv/block_table.h"
+#include "osprey/engine.h"
 #include "osprey/status.h"
 #include "sampling/device_sampling.h"
 
@@ -91,6 +92,9 @@ class Executor {
   // Device time of the last execute_step (its copies, forward and sampling),
   // nanoseconds; -1 where not measured.
   virtual int64_t last_step_device_ns() const { return -1; }
+  // The per-op profile (EngineConfig::profile); any thread. Empty by default.
+  virtual ProfileReport profile() const { return {}; }
+  virtual void reset_profile() {}
   // execute() plus device sampling of batch.sample_rows; only the sampled
   // ids (and logprobs), and the logits when batch.need_host_logits, reach the host.
   virtual Expected<StepOutput> execute_step(const StepBatch& batch) {

@@ -53,6 +53,26 @@ ModelExecutor::ModelExecutor(std::unique_ptr<ops::Backend> backend, std::unique_
                              ExecutorOptions options)
     : backend_(std::move(backend)), model_(std::move(model)), options_(options) {
   on_host_ = backend_->device() == Device::kCpu;
+  profiler_ = dynamic_cast<ops::ProfilingBackend*>(backend_.get());
+}
+
+ProfileReport ModelExecutor::profile() const {
+  ProfileReport r;
+  if (!profiler_) return r;
+  const ops::ProfileSnapshot s = profiler_->snapshot();
+  for (const ops::ProfileGroup& g : s.groups)
+    r.entries.push_back({g.phase, g.group, g.calls, g.total_ms, g.bytes, g.flops});
+  r.prefill_steps = s.prefill_steps;
+  r.decode_steps = s.decode_steps;
+  r.untimed_calls = s.untimed_calls;
+  r.copy_gbs = s.ceilings.copy_gbs;
+  r.gemm_tflops = s.ceilings.gemm_tflops;
+  r.gemm_shape = s.ceilings.gemm_shape;
+  return r;
+}
+
+void ModelExecutor::reset_profile() {
+  if (profiler_) profiler_->reset();
 }
 
 ModelExecutor::~ModelExecutor() {
@@ -432,6 +452,8 @@ Tensor ModelExecutor::run_graph(int bucket, const ForwardBatch& fb) {
 }
 
 Expected<StepOutput> ModelExecutor::execute_step(const StepBatch& b) {
+  // Profiling: this step's ops are timed; resolved when the scope ends (after the synchronize below).
+  const ops::ProfileStepScope profile_step(profiler_, {b.num_seqs, b.num_tokens, b.q_indptr, b.kv_lens});
   last_device_ns_ = -1;
   const bool timed = timer_ && b.num_tokens > 0;
   if (timed) timer_->start();

@@ -22,6 +22,7 @@
 #include "model/forward_batch.h"
 #include "model/model.h"
 #include "ops/backend.h"
+#include "ops/profiling_backend.h"
 
 namespace osprey {
 
@@ -61,6 +62,9 @@ class ModelExecutor final : public Executor {
   Expected<StepOutput> execute_step(const StepBatch& batch) override;
   DeviceSamplingLimits device_sampling_limits() const override;
   int64_t last_step_device_ns() const override { return last_device_ns_; }
+  // Through the backend when it is an ops::ProfilingBackend (else empty).
+  ProfileReport profile() const override;
+  void reset_profile() override;
 
   // Device backends, before initialize(): reserves the step buffers for
   // steps of max_tokens tokens, runs one forward of max_tokens tokens (the
@@ -121,6 +125,7 @@ class ModelExecutor final : public Executor {
   }
 
   std::unique_ptr<ops::Backend> backend_;
+  ops::ProfilingBackend* profiler_ = nullptr;  // backend_ itself when it profiles
   std::unique_ptr<Model> model_;
   ExecutorOptions options_;
   KvCache kv_;

@@ -6,6 +6,7 @@
 // comments; "n" is the number of tokens in the step.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
@@ -208,6 +209,25 @@ class Backend {
     virtual double elapsed_ms() = 0;
   };
   virtual std::unique_ptr<Timer> make_timer() { return nullptr; }
+
+  // Timer marks, for the per-op profile (ops/profiling_backend.h): mark()
+  // records a point in the queued work and returns its id; elapsed_ms(a, b)
+  // is the device time from mark a to a later mark b in milliseconds, waiting
+  // for b to be reached; negative when a mark is no longer held (a backend
+  // holds at least the kTimerMarksHeld latest marks). Never called during
+  // graph capture. Default: the host's steady clock, in nanoseconds, as the
+  // id (right where ops run synchronously on the calling thread, as on the CPU).
+  // Decorators (ProfilingBackend) forward every virtual of this class: a new
+  // one needs its forward there too.
+  static constexpr uint64_t kTimerMarksHeld = 8192;
+  virtual uint64_t timer_mark() {
+    return static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+            .count());
+  }
+  virtual double timer_elapsed_ms(uint64_t a, uint64_t b) {
+    return (static_cast<double>(b) - static_cast<double>(a)) * 1e-6;
+  }
 };
 
 // quantize_activations: 8-bit activations in matmuls with Q8_0/Q4_0/Q4_1

@@ -69,6 +69,9 @@ class CudaBackend final : public ops::Backend {
   void begin_capture() override;
   std::unique_ptr<Graph> end_capture() override;
   std::unique_ptr<Timer> make_timer() override;
+  // Timer marks: a ring of kTimerMarksHeld events recorded on the compute stream (cuda_profile.cpp).
+  uint64_t timer_mark() override;
+  double timer_elapsed_ms(uint64_t a, uint64_t b) override;
   DType default_activation_dtype() const override { return DType::kBF16; }
   bool supports_activation_dtype(DType t) const override { return t == DType::kF32 || t == DType::kBF16; }
   void convert(const Tensor& src, Tensor& dst) override;
@@ -126,6 +129,10 @@ class CudaBackend final : public ops::Backend {
   DeviceBuffer rope_freq_;                // inv_freq copied from host memory
   const float* last_inv_freq_ = nullptr;  // last RopeTable pointer seen and whether it was device memory
   bool last_inv_freq_on_device_ = false;
+  // Timer-mark events, created on the first timer_mark() (cuda_profile.cpp);
+  // shared_ptr so that the type may stay incomplete here.
+  struct MarkEvents;
+  std::shared_ptr<MarkEvents> marks_;
 };
 
 }  // namespace osprey::cuda
