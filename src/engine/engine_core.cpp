@@ -148,7 +148,6 @@ void EngineCore::plan_device_sampling() {
     fill_stop_ids(p);
     const size_t edit_mark = batch_.sample_edits.ids.size();
     const int scratch_mark = scratch_rows;
-    bool ok = true;
     for (int k = 0; k < count; ++k) {
       DeviceSampleRow r;
       r.logit_row = ss.first_logit_row + ss.num_prompt_logprob_rows;
@@ -159,9 +158,8 @@ void EngineCore::plan_device_sampling() {
       r.scratch_row = batch_.sample_edits.ids.size() > before ? scratch_rows++ : -1;
       batch_.sample_rows.push_back(r);
     }
-    if (scratch_rows > lim.max_scratch_rows || static_cast<int>(batch_.sample_edits.ids.size()) > lim.max_edits)
-      ok = false;
-    if (!ok) {  // over the device's limits: this sequence samples on the host
+    if (scratch_rows > lim.max_scratch_rows || static_cast<int>(batch_.sample_edits.ids.size()) > lim.max_edits) {
+      // Over the device's limits: this sequence samples on the host.
       batch_.sample_rows.resize(static_cast<size_t>(first));
       batch_.sample_edits.ids.resize(edit_mark);
       batch_.sample_edits.vals.resize(edit_mark);
@@ -267,8 +265,8 @@ Status EngineCore::step(std::vector<SeqEvent>& events) {
 
   // Requests touched this step; released after the loop so that no
   // ScheduledSeq points into a destroyed request.
-  std::vector<RequestState*> touched;
-  touched.reserve(sched_out_.seqs.size());
+  std::vector<RequestState*>& touched = touched_scratch_;
+  touched.clear();
   for (size_t si = 0; si < sched_out_.seqs.size(); ++si) {
     ScheduledSeq& ss = sched_out_.seqs[si];
     Sequence& seq = *ss.seq;

@@ -119,6 +119,7 @@ class EngineCore {
   SchedulerOutput sched_out_;
   StepBatch batch_;
   std::vector<int32_t> stop_ids_scratch_;
+  std::vector<RequestState*> touched_scratch_;  // requests of the current step (step())
   // Per scheduled sequence of the step: its first row in batch_.sample_rows, or -1 (host).
   std::vector<int> sample_task_;
   int64_t step_sample_ns_ = 0;  // sampler time of the current step
