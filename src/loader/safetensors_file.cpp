@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/json_nesting.h"
 #include "loader/mapped_file.h"
 
 namespace osprey {
@@ -31,25 +32,10 @@ std::optional<DType> dtype_from_safetensors(std::string_view s) {
 // Nesting depth of the JSON text, counting brackets outside strings; a cheap
 // guard before handing hostile text to the JSON parser.
 int json_max_depth(std::string_view text) {
-  int depth = 0;
+  JsonNesting nesting;
   int max_depth = 0;
-  bool in_string = false;
-  for (size_t k = 0; k < text.size(); ++k) {
-    const char c = text[k];
-    if (in_string) {
-      if (c == '\\') {
-        ++k;
-      } else if (c == '"') {
-        in_string = false;
-      }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '{' || c == '[') {
-      max_depth = std::max(max_depth, ++depth);
-    } else if (c == '}' || c == ']') {
-      --depth;
-    }
-  }
+  for (char c : text)
+    if (nesting.feed(c) > 0) max_depth = std::max(max_depth, nesting.depth());
   return max_depth;
 }
 

@@ -1,31 +1,20 @@
 #include "server/json_util.h"
 
+#include <algorithm>
 #include <chrono>
 #include <random>
+
+#include "core/json_nesting.h"
 
 namespace osprey::server {
 
 int json_max_depth(std::string_view body, int limit) {
-  int depth = 0, worst = 0;
-  bool in_string = false, escaped = false;
+  JsonNesting nesting;
+  int worst = 0;
   for (char c : body) {
-    if (in_string) {
-      if (escaped) {
-        escaped = false;
-      } else if (c == '\\') {
-        escaped = true;
-      } else if (c == '"') {
-        in_string = false;
-      }
-      continue;
-    }
-    if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      worst = std::max(worst, ++depth);
+    if (nesting.feed(c) > 0) {
+      worst = std::max(worst, nesting.depth());
       if (worst > limit) return worst;
-    } else if (c == ']' || c == '}') {
-      --depth;
     }
   }
   return worst;

@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/json_nesting.h"
 #include "server/json_util.h"
 
 namespace osprey::server {
@@ -43,27 +44,11 @@ std::string_view start_marker(ToolParserKind k) {
 // when it does not close (or nests deeper than kMaxJsonDepth).
 size_t json_value_end(std::string_view s, size_t begin) {
   if (begin >= s.size() || (s[begin] != '{' && s[begin] != '[')) return std::string_view::npos;
-  int depth = 0;
-  bool in_string = false, escaped = false;
+  JsonNesting nesting;
   for (size_t i = begin; i < s.size(); ++i) {
-    const char c = s[i];
-    if (in_string) {
-      if (escaped) {
-        escaped = false;
-      } else if (c == '\\') {
-        escaped = true;
-      } else if (c == '"') {
-        in_string = false;
-      }
-      continue;
-    }
-    if (c == '"') {
-      in_string = true;
-    } else if (c == '{' || c == '[') {
-      if (++depth > kMaxJsonDepth) return std::string_view::npos;
-    } else if (c == '}' || c == ']') {
-      if (--depth == 0) return i + 1;
-    }
+    const int step = nesting.feed(s[i]);
+    if (step > 0 && nesting.depth() > kMaxJsonDepth) return std::string_view::npos;
+    if (step < 0 && nesting.depth() == 0) return i + 1;
   }
   return std::string_view::npos;
 }
