@@ -126,8 +126,19 @@ nlohmann::json print_step_timing(const char* label, const EngineStats& a, const 
               "(schedule %.1f, build %.1f, sample+update %.1f [sampler %.1f], loop %.1f) = %.2f%% of the step\n",
               label, static_cast<long long>(steps), batch, fwd, host, sched, build, upd, smp, loop,
               100.0 * host / (host + fwd));
+  // Device time per decode step against the loop's wall time per step (with
+  // async scheduling "forward" is only the time the loop waited).
+  const int64_t timed = b.num_timed_decode_steps - a.num_timed_decode_steps;
+  const double device = timed > 0 ? 1e-3 * static_cast<double>(b.decode_device_ns - a.decode_device_ns) /
+                                        static_cast<double>(timed)
+                                  : -1.0;
+  const long long overlapped = static_cast<long long>(b.num_overlapped_steps - a.num_overlapped_steps);
+  if (device >= 0)
+    std::printf("  decode device time %.1f us per step: GPU busy %.1f%% of the loop's time; %lld steps overlapped\n",
+                device, 100.0 * device / (host + fwd), overlapped);
   return {{"decode_steps", steps}, {"seqs_per_step", batch}, {"forward_us", fwd}, {"host_us", host},
-          {"schedule_us", sched}, {"build_us", build}, {"sample_update_us", upd}, {"sampler_us", smp}, {"loop_us", loop}};
+          {"schedule_us", sched}, {"build_us", build}, {"sample_update_us", upd}, {"sampler_us", smp}, {"loop_us", loop},
+          {"device_us", device}, {"overlapped_steps", overlapped}};
 }
 
 }  // namespace
@@ -176,6 +187,7 @@ int run_bench_offline(const BenchOfflineOptions& o) {
   cfg.tokenizer = o.tokenizer;
   cfg.gpu_memory_utilization = o.gpu_memory_utilization;
   cfg.enforce_eager = o.enforce_eager;
+  cfg.async_scheduling = !o.no_async_scheduling;
   cfg.quantize_activations = o.quantize_activations;
   cfg.block_size = o.block_size;
   cfg.num_threads = o.num_threads;

@@ -36,6 +36,7 @@ struct BenchOfflineOptions {
   double gpu_memory_utilization = 0.90;
   int max_num_seqs = 0;          // <= 0: num_requests
   bool enforce_eager = false;
+  bool no_async_scheduling = false;  // EngineConfig::async_scheduling off
   bool quantize_activations = false;  // CPU: 8-bit activations in quantised matmuls
   int block_size = 16;
   bool no_prefix_caching = false;  // prefix mode always turns it on; this turns it off there too

@@ -40,6 +40,8 @@ void add_bench_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--max-num-seqs", o->max_num_seqs, "Running sequences at most (default: --num-prompts)");
   cmd->add_flag("--enforce-eager", o->enforce_eager, "CUDA: no graph capture");
+  cmd->add_flag("--no-async-scheduling", o->no_async_scheduling,
+                "Wait for each step before scheduling the next (no overlap of host work with the device)");
   cmd->add_flag("--quantize-activations", o->quantize_activations,
                 "CPU: 8-bit activations in matmuls with Q8_0/Q4_0/Q4_1 weights (faster, not bit-exact)");
   cmd->add_option("--block-size", o->block_size, "Tokens per KV page")->check(CLI::Range(1, 1024))->capture_default_str();

@@ -48,6 +48,13 @@ struct EngineConfig {
   double gpu_memory_utilization = 0.90;
   // CUDA: run decode steps eagerly instead of replaying captured graphs.
   bool enforce_eager = false;
+  // Asynchronous scheduling: the engine loop schedules and builds step N + 1
+  // and launches it while the device still runs step N, then processes step
+  // N's results (tokens of step N feed step N + 1 on the device). Outputs are
+  // identical either way. Steps that need step N's results on the host (host
+  // sampling, prompt logprobs, penalties, n > 1 forks) wait for it first; the
+  // CPU backend and the per-op profile always run synchronously.
+  bool async_scheduling = true;
   // Per-op profile (Engine::profile()): times every backend op of every step
   // under a kernel group and measures the device's copy and GEMM ceilings at
   // start-up. Runs decode steps eagerly (no graphs); costs time per op.
@@ -221,7 +228,9 @@ struct EngineStats {
   int64_t decode_tokens = 0;
   int64_t decode_schedule_ns = 0;  // scheduler
   int64_t decode_build_ns = 0;     // batch building (host index arrays)
-  int64_t decode_forward_ns = 0;   // executor: page copies, forward, logits to host
+  // executor: page copies, forward, logits to host; with async_scheduling the
+  // time the loop spends launching the step and blocked waiting for it
+  int64_t decode_forward_ns = 0;
   int64_t decode_update_ns = 0;    // sampling and sequence updates
   int64_t decode_sample_ns = 0;    // of which in the sampler
   int64_t decode_loop_ns = 0;      // the rest of the loop: commands, stats, handing events to workers
@@ -229,6 +238,8 @@ struct EngineStats {
   // over num_timed_decode_steps; busy fraction = device / (host + forward) time.
   int64_t decode_device_ns = 0;
   int64_t num_timed_decode_steps = 0;
+  // Steps launched while the previous one was still running (async_scheduling).
+  int64_t num_overlapped_steps = 0;
 };
 
 struct ModelInfo {

@@ -22,6 +22,7 @@ void StepBatch::clear() {
   sample_rows.clear();
   sample_edits.clear();
   need_host_logits = true;
+  token_fills.clear();
 }
 
 void build_step_batch(SchedulerOutput& sched, int block_size, StepBatch& b) {
@@ -42,6 +43,11 @@ void build_step_batch(SchedulerOutput& sched, int block_size, StepBatch& b) {
     OSP_CHECK_LE(num_pages, static_cast<int>(seq.table.blocks.size()));
     const int first_token = b.num_tokens;
     for (int p = begin; p < end; ++p) {
+      if (seq.tokens[p] == kPendingToken) {
+        // Sampled by the step in flight: only a sequence's last token can be.
+        OSP_CHECK(p == seq.num_tokens() - 1 && seq.num_pending == 1 && seq.pending_sample_row >= 0);
+        b.token_fills.push_back({b.num_tokens + (p - begin), seq.pending_sample_row});
+      }
       b.token_ids.push_back(seq.tokens[p]);
       b.positions.push_back(p);
       b.slot_mapping.push_back(seq.table.blocks[p / block_size] * block_size + p % block_size);

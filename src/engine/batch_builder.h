@@ -9,6 +9,8 @@ namespace osprey {
 
 // Fills `batch` (reusing its capacity) and each ScheduledSeq's first_logit_row.
 // Logit rows of a sequence: its prompt-logprob rows first, then its sample row.
+// A pending token (kPendingToken, sampled by the step in flight) becomes a
+// TokenFill from its sequence's pending_sample_row.
 void build_step_batch(SchedulerOutput& sched, int block_size, StepBatch& batch);
 
 }  // namespace osprey

@@ -126,6 +126,7 @@ struct Engine::Impl {
     stats.decode_loop_ns = decode_loop_ns;
     stats.decode_device_ns = cs.decode_device_ns;
     stats.num_timed_decode_steps = cs.num_timed_decode_steps;
+    stats.num_overlapped_steps = core->num_overlapped_steps();
   }
 
   void run_loop() {
@@ -243,6 +244,7 @@ Expected<std::unique_ptr<Engine>> make_engine(const EngineConfig& config, Engine
   cc.cache_salt = hash_string(config.cache_salt.empty() ? parts.model_path + "|" + config.load_format
                                                         : config.cache_salt);
   cc.max_model_len = max_len;
+  cc.async_scheduling = config.async_scheduling;
   cc.eos_token_ids = parts.eos_token_ids;
   if (auto e = parts.codec->eos_id();
       e && std::find(cc.eos_token_ids.begin(), cc.eos_token_ids.end(), *e) == cc.eos_token_ids.end())

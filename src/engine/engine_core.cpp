@@ -28,6 +28,7 @@ Status EngineCore::initialize() {
   OSP_RETURN_IF_ERROR(executor_.initialize(config_.num_blocks, config_.block_size,
                                            config_.scheduler.max_num_batched_tokens, scheduler_.max_logit_rows()));
   if (config_.num_swap_blocks > 0) OSP_RETURN_IF_ERROR(executor_.initialize_swap(config_.num_swap_blocks));
+  async_ = config_.async_scheduling && executor_.supports_async_steps();
   return Status::Ok();
 }
 
@@ -59,6 +60,7 @@ void EngineCore::finish(Sequence& seq, FinishReason reason, int32_t stop_token, 
                         SeqEvent* ev) {
   if (seq.status == SeqStatus::kFinished) return;
   scheduler_.remove(&seq);
+  drop_inflight(seq);
   RequestState& req = *seq.req;
   // An unforked request with n > 1 finishing early finishes all n indices.
   const int num_indices = req.forked ? 1 : req.params.n;
@@ -100,11 +102,31 @@ void EngineCore::finish_sequence(uint64_t key, int index) {
   Sequence& seq = *req.seqs[index];
   if (seq.status == SeqStatus::kFinished) return;
   scheduler_.remove(&seq);
+  drop_inflight(seq);
   --req.num_live;
   release_request_if_done(req);
 }
 
+void EngineCore::drop_inflight(Sequence& seq) {
+  if (seq.inflight_step < 0) return;
+  for (int i = 0; i < num_inflight_; ++i) {
+    InflightStep& rec = inflight(i);
+    if (rec.id != seq.inflight_step) continue;
+    const size_t slot = static_cast<size_t>(seq.inflight_slot);
+    if (slot < rec.seqs.size() && rec.seqs[slot].seq == &seq) rec.seqs[slot].seq = nullptr;
+  }
+  seq.inflight_step = -1;
+  seq.inflight_slot = -1;
+}
+
 void EngineCore::fail_all(FinishReason reason, const Status& error, std::vector<SeqEvent>& events) {
+  // Steps in flight end first (their results are dropped): nothing is left
+  // queued on the executor, and no row refers to a sequence destroyed below.
+  while (num_inflight_ > 0) {
+    (void)executor_.wait_step();
+    inflight_head_ = (inflight_head_ + 1) % static_cast<int>(inflight_.size());
+    --num_inflight_;
+  }
   std::vector<uint64_t> keys;
   keys.reserve(requests_.size());
   for (auto& [key, r] : requests_) keys.push_back(key);
@@ -123,12 +145,20 @@ void EngineCore::fill_stop_ids(const SamplingParams& p) {
   stop_ids_scratch_.insert(stop_ids_scratch_.end(), p.stop_token_ids.begin(), p.stop_token_ids.end());
 }
 
-void EngineCore::plan_device_sampling() {
+namespace {
+// Penalties list the output tokens in the device rows: they need every
+// earlier token on the host.
+bool needs_known_output(const SamplingParams& p) {
+  return p.repetition_penalty != 1.0f || p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f;
+}
+}  // namespace
+
+void EngineCore::plan_device_sampling(InflightStep& rec) {
   // Rows the device samples: every sampled token whose parameters it
   // handles, within its limits; everything else (prompt logprobs, the rest)
   // needs the logits on the host.
   const DeviceSamplingLimits lim = executor_.device_sampling_limits();
-  sample_task_.assign(sched_out_.seqs.size(), -1);
+  rec.sample_task.assign(sched_out_.seqs.size(), -1);
   bool host = false;
   int scratch_rows = 0;
   for (size_t i = 0; i < sched_out_.seqs.size(); ++i) {
@@ -145,6 +175,9 @@ void EngineCore::plan_device_sampling() {
       host = true;
       continue;
     }
+    // A pending token is never in the output a device row lists (no step
+    // with penalties is overlapped).
+    OSP_CHECK(seq.num_pending == 0 || !needs_known_output(p));
     fill_stop_ids(p);
     const size_t edit_mark = batch_.sample_edits.ids.size();
     const int scratch_mark = scratch_rows;
@@ -167,12 +200,13 @@ void EngineCore::plan_device_sampling() {
       host = true;
       continue;
     }
-    sample_task_[i] = first;
+    rec.sample_task[i] = first;
   }
   batch_.need_host_logits = host;
+  rec.need_host_logits = host;
 }
 
-void EngineCore::sample_into(Sequence& seq, const float* row, const DeviceSampleResult* device,
+void EngineCore::sample_into(Sequence& seq, int index, const float* row, const DeviceSampleResult* device,
                              std::vector<SeqEvent>& events) {
   RequestState& req = *seq.req;
   const SamplingParams& p = req.params;
@@ -191,20 +225,29 @@ void EngineCore::sample_into(Sequence& seq, const float* row, const DeviceSample
       r.logprobs = std::move(d);
     }
   } else {
+    // Every token before `index` is known: host-sampled steps are never overlapped.
+    OSP_CHECK_EQ(seq.num_known(), index);
     fill_stop_ids(p);
     SampleInput in;
     in.params = &p;
     in.prompt = std::span<const int32_t>(seq.tokens.data(), seq.num_prompt_tokens);
-    in.output = std::span<const int32_t>(seq.tokens.data() + seq.num_prompt_tokens, seq.num_output());
+    in.output = std::span<const int32_t>(seq.tokens.data() + seq.num_prompt_tokens, index - seq.num_prompt_tokens);
     in.stop_ids = stop_ids_scratch_;
     in.seed = req.seed;
     in.seq_index = seq.index;
-    in.position = seq.num_tokens();
+    in.position = index;
     r = sampler_.sample(row, in);
   }
   step_sample_ns_ += now_ns() - t0;
 
-  seq.tokens.push_back(r.token);
+  if (index == seq.num_tokens()) {
+    seq.tokens.push_back(r.token);
+  } else {
+    // The oldest pending placeholder.
+    OSP_CHECK(seq.num_pending > 0 && index == seq.num_known() && seq.tokens[index] == kPendingToken);
+    seq.tokens[static_cast<size_t>(index)] = r.token;
+    --seq.num_pending;
+  }
   ++stats_.num_generated_tokens;
   events.emplace_back();
   SeqEvent& ev = events.back();
@@ -215,7 +258,7 @@ void EngineCore::sample_into(Sequence& seq, const float* row, const DeviceSample
   ev.num_cached_tokens = std::max(0, req.num_cached_tokens);
   ev.first_scheduled_ns = req.first_scheduled_ns;
 
-  const int out_len = seq.num_output();
+  const int out_len = index + 1 - seq.num_prompt_tokens;
   if (out_len >= p.min_tokens) {
     const bool is_eos = !p.ignore_eos && std::find(config_.eos_token_ids.begin(), config_.eos_token_ids.end(),
                                                    r.token) != config_.eos_token_ids.end();
@@ -225,13 +268,25 @@ void EngineCore::sample_into(Sequence& seq, const float* row, const DeviceSample
       return;
     }
   }
-  if (out_len >= p.max_tokens || seq.num_tokens() >= config_.max_model_len)
+  if (out_len >= p.max_tokens || index + 1 >= config_.max_model_len)
     finish(seq, FinishReason::kLength, -1, events, &events.back());
 }
 
 Status EngineCore::step(std::vector<SeqEvent>& events) {
+  // The step in flight must be done before the next is built unless it allows overlap.
+  if (num_inflight_ > 0 && !inflight(num_inflight_ - 1).next_may_overlap) OSP_RETURN_IF_ERROR(finish_oldest(events));
+  bool launched = false;
+  OSP_RETURN_IF_ERROR(launch_next(events, launched));
+  // Asynchronously the newest step stays in flight across the call (the
+  // loop handles commands and posts events while the device runs it).
+  const int keep = async_ && launched ? 1 : 0;
+  while (num_inflight_ > keep) OSP_RETURN_IF_ERROR(finish_oldest(events));
+  return Status::Ok();
+}
+
+Status EngineCore::launch_next(std::vector<SeqEvent>& events, bool& launched) {
+  launched = false;
   const int64_t t0 = now_ns();
-  step_sample_ns_ = 0;
   scheduler_.schedule(sched_out_);
   const int64_t t1 = now_ns();
   for (Sequence* seq : sched_out_.cannot_grow) {
@@ -239,54 +294,120 @@ Status EngineCore::step(std::vector<SeqEvent>& events) {
     finish(*seq, FinishReason::kLength, -1, events, nullptr);
     release_request_if_done(req);
   }
-  if (sched_out_.seqs.empty()) {
-    // Nothing to compute, but victims swapped out this step must still be
-    // copied before their pages are reused.
-    if (sched_out_.swap_out.empty()) return Status::Ok();
-    build_step_batch(sched_out_, config_.block_size, batch_);
-    Expected<StepOutput> done = executor_.execute_step(batch_);
-    if (!done.ok()) fail_all(FinishReason::kError, done.status(), events);
-    return done.status();
+  // Nothing to compute, but victims swapped out this step must still be
+  // copied before their pages are reused: a step of copies only.
+  if (sched_out_.seqs.empty() && sched_out_.swap_out.empty()) return Status::Ok();
+  OSP_CHECK_LT(num_inflight_, static_cast<int>(inflight_.size()));
+  InflightStep& rec = inflight_[(inflight_head_ + num_inflight_) % inflight_.size()];
+  rec.id = next_step_id_++;
+  rec.begin.clear();
+  rec.token_index.clear();
+  rec.num_tokens = sched_out_.num_tokens;
+  rec.decode_only = !sched_out_.seqs.empty() && sched_out_.num_tokens == static_cast<int>(sched_out_.seqs.size());
+  build_step_batch(sched_out_, config_.block_size, batch_);  // sets first_logit_row
+  rec.seqs.assign(sched_out_.seqs.begin(), sched_out_.seqs.end());
+  if (!rec.seqs.empty()) {
+    ++stats_.num_steps;
+    plan_device_sampling(rec);
+  } else {
+    rec.sample_task.clear();
+    rec.need_host_logits = false;
+    batch_.need_host_logits = false;
   }
-  ++stats_.num_steps;
-  build_step_batch(sched_out_, config_.block_size, batch_);
-  plan_device_sampling();
   const int64_t t2 = now_ns();
-  Expected<StepOutput> logits = executor_.execute_step(batch_);
+  const bool overlapped = num_inflight_ > 0;
+  if (Status st = executor_.launch_step(batch_); !st.ok()) {
+    fail_all(FinishReason::kError, st, events);
+    return st;
+  }
   const int64_t t3 = now_ns();
-  const bool decode_only = sched_out_.num_tokens == static_cast<int>(sched_out_.seqs.size());
-  if (!logits.ok()) {
-    fail_all(FinishReason::kError, logits.status(), events);
-    return logits.status();
+  ++num_inflight_;
+  launched = true;
+  if (overlapped) ++num_overlapped_;
+
+  // Advance every sequence past the step as if it were done: the next
+  // schedule sees the positions computed and the sampled tokens (pending).
+  bool may_overlap = async_ && !rec.need_host_logits;
+  for (size_t si = 0; si < rec.seqs.size(); ++si) {
+    const ScheduledSeq& ss = rec.seqs[si];
+    Sequence& seq = *ss.seq;
+    RequestState& req = *seq.req;
+    if (req.first_scheduled_ns == 0) req.first_scheduled_ns = t0;
+    const int begin = seq.num_computed;
+    rec.begin.push_back(begin);
+    seq.num_computed += ss.num_new;
+    if (begin < seq.num_prompt_tokens)
+      stats_.num_prompt_tokens += std::min(seq.num_computed, seq.num_prompt_tokens) - begin;
+    kv_.cache_blocks(seq.table, seq.tokens, std::min(seq.num_computed, seq.num_known()));
+    seq.inflight_step = rec.id;
+    seq.inflight_slot = static_cast<int>(si);
+    if (!ss.sample) {
+      rec.token_index.push_back(-1);
+      continue;
+    }
+    const SamplingParams& p = req.params;
+    const bool fork = !req.forked && p.n > 1;
+    rec.token_index.push_back(seq.num_tokens());
+    seq.tokens.push_back(kPendingToken);
+    ++seq.num_pending;
+    seq.pending_sample_row = rec.sample_task[si];
+    // Known now to finish with this step (or to fork): not scheduled again before it is waited for.
+    seq.hold = fork || seq.num_output() >= p.max_tokens || seq.num_tokens() >= config_.max_model_len;
+    if (fork || needs_known_output(p)) may_overlap = false;
+  }
+  rec.next_may_overlap = may_overlap;
+  rec.schedule_ns = t1 - t0;
+  rec.build_ns = t2 - t1;
+  rec.launch_ns = t3 - t2;
+  rec.advance_ns = now_ns() - t3;
+  return Status::Ok();
+}
+
+Status EngineCore::finish_oldest(std::vector<SeqEvent>& events) {
+  OSP_CHECK_GT(num_inflight_, 0);
+  InflightStep& rec = inflight(0);
+  const int64_t t0 = now_ns();
+  Expected<StepOutput> out = executor_.wait_step();
+  const int64_t t1 = now_ns();
+  step_sample_ns_ = 0;
+  if (!out.ok()) {
+    inflight_head_ = (inflight_head_ + 1) % static_cast<int>(inflight_.size());
+    --num_inflight_;
+    fail_all(FinishReason::kError, out.status(), events);
+    return out.status();
   }
   const int vocab = executor_.vocab_size();
-  const float* base = logits->logits;
-  const DeviceSampleResult* samples = logits->samples;
+  const float* base = out->logits;
+  const DeviceSampleResult* samples = out->samples;
 
   // Requests touched this step; released after the loop so that no
   // ScheduledSeq points into a destroyed request.
   std::vector<RequestState*>& touched = touched_scratch_;
   touched.clear();
-  for (size_t si = 0; si < sched_out_.seqs.size(); ++si) {
-    ScheduledSeq& ss = sched_out_.seqs[si];
+  for (size_t si = 0; si < rec.seqs.size(); ++si) {
+    const ScheduledSeq ss = rec.seqs[si];
+    if (!ss.seq) {  // finished while in flight: its row is dropped
+      ++stats_.num_dropped_rows;
+      continue;
+    }
     Sequence& seq = *ss.seq;
     RequestState& req = *seq.req;
-    if (req.first_scheduled_ns == 0) req.first_scheduled_ns = t0;
     touched.push_back(&req);
-    const int begin = seq.num_computed;
-    seq.num_computed += ss.num_new;
-    if (begin < seq.num_prompt_tokens)
-      stats_.num_prompt_tokens += std::min(seq.num_computed, seq.num_prompt_tokens) - begin;
-    kv_.cache_blocks(seq.table, seq.tokens, seq.num_computed);
-
+    if (seq.inflight_step == rec.id) {
+      // Its newest step: nothing of it is in flight any more.
+      seq.inflight_step = -1;
+      seq.inflight_slot = -1;
+      seq.hold = false;
+    }
     if (ss.num_prompt_logprob_rows > 0) {
+      OSP_CHECK(base);
       events.emplace_back();
       SeqEvent& ev = events.back();
       ev.sink = req.sink;
       ev.index = seq.index;
       ev.num_cached_tokens = std::max(0, req.num_cached_tokens);
       ev.first_scheduled_ns = req.first_scheduled_ns;
-      const int lp_begin = std::max(begin, seq.prompt_logprob_pos);
+      const int lp_begin = std::max(rec.begin[si], seq.prompt_logprob_pos);
       for (int r = 0; r < ss.num_prompt_logprob_rows; ++r) {
         const int pos = lp_begin + r;
         const float* row = base + static_cast<size_t>(ss.first_logit_row + r) * vocab;
@@ -296,14 +417,19 @@ Status EngineCore::step(std::vector<SeqEvent>& events) {
       seq.prompt_logprob_pos = lp_begin + ss.num_prompt_logprob_rows;
     }
     if (!ss.sample) continue;
-    const int task = sample_task_[si];
+    const int task = rec.sample_task[si];
     const DeviceSampleResult* device = task >= 0 ? samples + task : nullptr;
     OSP_CHECK(device || base);
     const float* row =
         device ? nullptr : base + static_cast<size_t>(ss.first_logit_row + ss.num_prompt_logprob_rows) * vocab;
+    const int index = rec.token_index[si];
     if (!req.forked && req.params.n > 1) {
-      // First token of an n > 1 request: the siblings share the prompt's pages.
+      // First token of an n > 1 request: the siblings share the prompt's
+      // pages. The step was not overlapped: its placeholder is the last token.
       OSP_CHECK_EQ(seq.index, 0);
+      OSP_CHECK(seq.num_pending == 1 && index == seq.num_tokens() - 1);
+      seq.tokens.pop_back();
+      seq.num_pending = 0;
       req.forked = true;
       for (int k = 1; k < req.params.n; ++k) {
         auto child = std::make_unique<Sequence>();
@@ -318,27 +444,33 @@ Status EngineCore::step(std::vector<SeqEvent>& events) {
         req.seqs.push_back(std::move(child));
       }
       req.num_live = req.params.n;
-      for (int k = 0; k < req.params.n; ++k) sample_into(*req.seqs[k], row, device ? device + k : nullptr, events);
+      for (int k = 0; k < req.params.n; ++k)
+        sample_into(*req.seqs[k], req.seqs[k]->num_tokens(), row, device ? device + k : nullptr, events);
     } else {
-      sample_into(seq, row, device, events);
+      sample_into(seq, index, row, device, events);
     }
+    // Pages completed by the token just resolved (positions computed and known).
+    if (seq.status != SeqStatus::kFinished)
+      kv_.cache_blocks(seq.table, seq.tokens, std::min(seq.num_computed, seq.num_known()));
   }
   std::sort(touched.begin(), touched.end());
   touched.erase(std::unique(touched.begin(), touched.end()), touched.end());
   for (RequestState* r : touched) release_request_if_done(*r);
-  if (decode_only) {
+  if (rec.decode_only) {
     ++stats_.num_decode_steps;
-    stats_.decode_tokens += sched_out_.num_tokens;
-    stats_.decode_schedule_ns += t1 - t0;
-    stats_.decode_build_ns += t2 - t1;
-    stats_.decode_forward_ns += t3 - t2;
-    stats_.decode_update_ns += now_ns() - t3;
+    stats_.decode_tokens += rec.num_tokens;
+    stats_.decode_schedule_ns += rec.schedule_ns;
+    stats_.decode_build_ns += rec.build_ns;
+    stats_.decode_forward_ns += rec.launch_ns + (t1 - t0);
+    stats_.decode_update_ns += rec.advance_ns + (now_ns() - t1);
     stats_.decode_sample_ns += step_sample_ns_;
     if (const int64_t dev = executor_.last_step_device_ns(); dev >= 0) {
       stats_.decode_device_ns += dev;
       ++stats_.num_timed_decode_steps;
     }
   }
+  inflight_head_ = (inflight_head_ + 1) % static_cast<int>(inflight_.size());
+  --num_inflight_;
   return Status::Ok();
 }
 

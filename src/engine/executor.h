@@ -13,6 +13,14 @@
 
 namespace osprey {
 
+// token_ids[token_row] of a step is the token sampled in row sample_row of
+// the previous launched step's sample_rows: its value is not on the host yet
+// (asynchronous scheduling), the executor fills it in on the device.
+struct TokenFill {
+  int32_t token_row = 0;
+  int32_t sample_row = 0;
+};
+
 // One step's inputs as host arrays (the batch builder's output). Layout as
 // ops::AttentionBatch (src/ops/backend.h): sequences in order, tokens of a
 // sequence contiguous.
@@ -42,6 +50,10 @@ struct StepBatch {
   // Whether execute_step must copy every logit row to the host (rows sampled
   // or scored on the host: prompt logprobs, rows the device cannot sample).
   bool need_host_logits = true;
+  // Rows whose token comes from the previous step's device sample rows
+  // (token_ids holds kPendingToken there). Only for executors with
+  // supports_async_steps(); sorted by token_row.
+  std::vector<TokenFill> token_fills;
 
   void clear();
 };
@@ -104,6 +116,44 @@ class Executor {
     out.logits = *logits;
     return out;
   }
+
+  // Split steps (asynchronous scheduling, EngineConfig::async_scheduling).
+  // launch_step() queues a step (copies, forward, device sampling and the
+  // copy of its results to the host) and returns; wait_step() blocks until
+  // the oldest launched step not yet waited for is done and returns its
+  // output, valid until the next wait_step() or execute_step(). The batch may
+  // be reused by the caller as soon as launch_step() returns.
+  //
+  // Where supports_async_steps() is false (the default) the engine never has
+  // more than one step launched, and the defaults below simply run
+  // execute_step() at launch. Where it is true, up to two steps may be in
+  // flight: the engine launches step N + 1 (whose token_fills read step N's
+  // sampled ids on the device) before it waits for step N, with these
+  // guarantees: step N needs no host logits, so a host-logits buffer written
+  // by step N + 1 is never one the host still reads; pages freed while a step
+  // is in flight are reused only by later steps (device work runs in launch
+  // order).
+  virtual bool supports_async_steps() const { return false; }
+  virtual Status launch_step(const StepBatch& batch) {
+    if (has_launched_) return internal_error("launch_step: a step is already in flight");
+    Expected<StepOutput> out = execute_step(batch);
+    launched_status_ = out.ok() ? Status::Ok() : out.status();
+    launched_output_ = out.ok() ? *out : StepOutput{};
+    has_launched_ = true;
+    return Status::Ok();
+  }
+  virtual Expected<StepOutput> wait_step() {
+    if (!has_launched_) return internal_error("wait_step: no step in flight");
+    has_launched_ = false;
+    if (!launched_status_.ok()) return launched_status_;
+    return launched_output_;
+  }
+
+ private:
+  // The default split: the step already ran at launch.
+  bool has_launched_ = false;
+  Status launched_status_;
+  StepOutput launched_output_;
 };
 
 }  // namespace osprey

@@ -77,7 +77,7 @@ void ModelExecutor::reset_profile() {
 
 ModelExecutor::~ModelExecutor() {
   graphs_.clear();
-  timer_.reset();
+  if (num_inflight_ > 0) backend_->synchronize();  // steps still queued use the buffers below
   if (!kv_.layers.empty()) model_->free_kv(kv_);
   for (void* p : host_swap_) backend_->free_host(p);
   free_step_buffers();
@@ -93,10 +93,16 @@ void ModelExecutor::free_step_buffers() {
   if (device_arrays_) backend_->free(device_arrays_);
   if (sample_scratch_) backend_->free(sample_scratch_);
   if (sample_out_) backend_->free(sample_out_);
-  if (staging_) backend_->free_host(staging_);
-  if (sample_out_host_) backend_->free_host(sample_out_host_);
+  for (void*& p : staging_buf_) {
+    if (p) backend_->free_host(p);
+    p = nullptr;
+  }
+  for (void*& p : sample_out_host_) {
+    if (p) backend_->free_host(p);
+    p = nullptr;
+  }
   if (host_logits_) backend_->free_host(host_logits_);
-  device_arrays_ = staging_ = sample_out_ = sample_out_host_ = nullptr;
+  device_arrays_ = staging_ = sample_out_ = nullptr;
   sample_scratch_ = host_logits_ = nullptr;
 }
 
@@ -128,6 +134,7 @@ Status ModelExecutor::allocate_step_buffers(int max_tokens, int max_logit_rows, 
     return at;
   };
   const size_t T = static_cast<size_t>(max_tokens), S = static_cast<size_t>(L.max_seqs);
+  L.sampled = take(static_cast<size_t>(L.max_sample_rows) * 4);
   L.token_ids = take(T * 4);
   L.positions = take(T * 4);
   L.slot_mapping = take(T * 4);
@@ -135,6 +142,7 @@ Status ModelExecutor::allocate_step_buffers(int max_tokens, int max_logit_rows, 
   L.kv_lens = take(S * 4);
   L.block_indptr = take((S + 1) * 4);
   L.logit_rows = take(static_cast<size_t>(max_logit_rows) * 4);
+  L.fill_src = take(T * 4);
   L.block_indices = take(static_cast<size_t>(L.max_block_indices) * 4);
   L.sample_rows = take(static_cast<size_t>(L.max_sample_rows) * sizeof(DeviceSampleRow));
   L.edit_ids = take(static_cast<size_t>(L.max_edits) * 4);
@@ -149,13 +157,15 @@ Status ModelExecutor::allocate_step_buffers(int max_tokens, int max_logit_rows, 
   const size_t M = static_cast<size_t>(L.max_sample_rows);
   const size_t out_bytes = M * (12 + 8 * kMaxDeviceTopLogprobs);
   device_arrays_ = backend_->alloc(L.bytes);
-  staging_ = backend_->alloc_host(L.bytes);
+  for (void*& p : staging_buf_) p = backend_->alloc_host(L.bytes);
+  staging_ = staging_buf_[0];
   sample_out_ = backend_->alloc(out_bytes);
-  sample_out_host_ = backend_->alloc_host(out_bytes);
+  for (void*& p : sample_out_host_) p = backend_->alloc_host(out_bytes);
   if (backend_->supports_device_sampling() && options_.enable_device_sampling)
     sample_scratch_ = static_cast<float*>(backend_->alloc(static_cast<size_t>(L.max_scratch_rows) *
                                                           static_cast<size_t>(vocab_size()) * sizeof(float)));
-  if (!device_arrays_ || !staging_ || !sample_out_ || !sample_out_host_ ||
+  if (!device_arrays_ || !staging_buf_[0] || !staging_buf_[1] || !sample_out_ || !sample_out_host_[0] ||
+      !sample_out_host_[1] ||
       (backend_->supports_device_sampling() && options_.enable_device_sampling && !sample_scratch_))
     return resource_exhausted("out of memory for the step buffers (" + std::to_string(L.bytes >> 10) + " KiB)");
   results_.assign(M, DeviceSampleResult{});
@@ -213,7 +223,8 @@ void ModelExecutor::warm_up(KvCache& kv, int block_size) {
   std::memset(host<int32_t>(L.block_indices), 0, static_cast<size_t>(bi[num_seqs]) * 4);
   const int rows = std::min(L.max_logit_rows, T);
   for (int r = 0; r < rows; ++r) host<int32_t>(L.logit_rows)[r] = T - rows + r;
-  backend_->copy_to_device_async(device_arrays_, staging_, L.block_indices + static_cast<size_t>(bi[num_seqs]) * 4);
+  backend_->copy_to_device_async(dev<char>(L.token_ids), host<char>(L.token_ids),
+                                 L.block_indices + static_cast<size_t>(bi[num_seqs]) * 4 - L.token_ids);
   model_->forward(device_batch(num_seqs, T, seq_len, seq_len, rows), kv);
   backend_->synchronize();
 }
@@ -238,7 +249,7 @@ void ModelExecutor::warm_up_decode(KvCache& kv) {
   }
   qi[max_bucket] = max_bucket;
   bi[max_bucket] = 0;
-  backend_->copy_to_device_async(device_arrays_, staging_, L.block_indices);
+  backend_->copy_to_device_async(dev<char>(L.token_ids), host<char>(L.token_ids), L.block_indices - L.token_ids);
   int last = 0;
   for (int n = 1; n <= max_bucket; ++n) {
     const int b = decode_graph_bucket(n, max_bucket);
@@ -282,7 +293,6 @@ Status ModelExecutor::initialize(int num_blocks, int block_size, int max_tokens,
   // Scratch reaches its largest size before any graph is captured.
   warm_up(kv_, block_size);
   max_bucket_ = std::min({max_num_seqs_, max_tokens, max_logit_rows_, layout_.max_seqs});
-  timer_ = backend_->make_timer();
   graphs_on_ = options_.enable_graphs && backend_->supports_graphs();
   if (graphs_on_) {
     warm_up_decode(kv_);
@@ -411,8 +421,22 @@ ForwardBatch ModelExecutor::stage(const StepBatch& b, int padded) {
     num_logit_rows = seqs;
   }
   // Upload 1: the index arrays (the small ones, then the used block indices).
+  if (!b.token_fills.empty()) {
+    // Row t reads row fill_src[t] of [sampled | token_ids]: itself, or a sampled id.
+    const int32_t self = static_cast<int32_t>((L.token_ids - L.sampled) / 4);
+    int32_t* src = host<int32_t>(L.fill_src);
+    for (int t = 0; t < tokens; ++t) src[t] = self + t;
+    for (const TokenFill& f : b.token_fills) src[f.token_row] = f.sample_row;
+  }
   const size_t used_indices = b.block_indices.size() * 4;
-  backend_->copy_to_device_async(device_arrays_, staging_, L.block_indices + used_indices);
+  backend_->copy_to_device_async(dev<char>(L.token_ids), host<char>(L.token_ids),
+                                 L.block_indices + used_indices - L.token_ids);
+  if (!b.token_fills.empty()) {
+    const int64_t self = static_cast<int64_t>((L.token_ids - L.sampled) / 4);
+    Tensor src(dev<int32_t>(L.sampled), DType::kI32, {self + tokens, 1}, backend_->device());
+    Tensor out(dev<int32_t>(L.token_ids), DType::kI32, {tokens, 1}, backend_->device());
+    backend_->gather_rows(src, dev<int32_t>(L.fill_src), tokens, out);
+  }
   // Upload 2 and 3: the sample rows and their edits.
   if (!b.sample_rows.empty()) {
     const size_t rows_bytes = b.sample_rows.size() * sizeof(DeviceSampleRow);
@@ -451,116 +475,173 @@ Tensor ModelExecutor::run_graph(int bucket, const ForwardBatch& fb) {
   return graph_logits_;
 }
 
+bool ModelExecutor::supports_async_steps() const {
+  // The per-op profile resolves each step's marks when it ends: synchronous.
+  return !on_host_ && profiler_ == nullptr && device_sampling_limits().max_rows > 0;
+}
+
 Expected<StepOutput> ModelExecutor::execute_step(const StepBatch& b) {
-  // Profiling: this step's ops are timed; resolved when the scope ends (after the synchronize below).
+  // Profiling: this step's ops are timed; resolved when the scope ends (after the wait below).
   const ops::ProfileStepScope profile_step(profiler_, {b.num_seqs, b.num_tokens, b.q_indptr, b.kv_lens});
-  last_device_ns_ = -1;
-  const bool timed = timer_ && b.num_tokens > 0;
-  if (timed) timer_->start();
-  // Queued in this order: swap-out, page copies, swap-in, then the forward.
-  if (!b.swap_out.empty()) swap_blocks(b.swap_out, true);
-  if (!b.copies.empty()) copy_blocks(b.copies);
-  if (!b.swap_in.empty()) swap_blocks(b.swap_in, false);
-  if (on_host_) return execute_on_host(b);
-  StepOutput out;
-  if (b.num_tokens == 0) return out;  // copies only; ordered before the next step's work
+  if (on_host_) {
+    last_device_ns_ = -1;
+    if (!b.swap_out.empty()) swap_blocks(b.swap_out, true);
+    if (!b.copies.empty()) copy_blocks(b.copies);
+    if (!b.swap_in.empty()) swap_blocks(b.swap_in, false);
+    return execute_on_host(b);
+  }
+  if (num_inflight_ > 0) return internal_error("execute_step while launched steps are in flight");
+  OSP_RETURN_IF_ERROR(enqueue(b));
+  return complete();
+}
+
+Status ModelExecutor::launch_step(const StepBatch& b) {
+  if (!supports_async_steps()) return Executor::launch_step(b);
+  return enqueue(b);
+}
+
+Expected<StepOutput> ModelExecutor::wait_step() {
+  if (!supports_async_steps()) return Executor::wait_step();
+  return complete();
+}
+
+Status ModelExecutor::enqueue(const StepBatch& b) {
+  if (num_inflight_ >= 2) return internal_error("more than two steps in flight");
   const Layout& L = layout_;
   const int num_rows = static_cast<int>(b.logit_rows.size());
-  if (num_rows > max_logit_rows_)
-    return internal_error("step wants " + std::to_string(num_rows) + " logit rows, reserved " +
-                          std::to_string(max_logit_rows_));
-  if (b.num_tokens > L.max_tokens || b.num_seqs > L.max_seqs ||
-      static_cast<int>(b.block_indices.size()) > L.max_block_indices)
-    return internal_error("step exceeds the executor's limits (" + std::to_string(b.num_tokens) + " tokens, " +
-                          std::to_string(b.num_seqs) + " sequences, " + std::to_string(b.block_indices.size()) +
-                          " pages)");
+  if (b.num_tokens > 0) {
+    if (num_rows > max_logit_rows_)
+      return internal_error("step wants " + std::to_string(num_rows) + " logit rows, reserved " +
+                            std::to_string(max_logit_rows_));
+    if (b.num_tokens > L.max_tokens || b.num_seqs > L.max_seqs ||
+        static_cast<int>(b.block_indices.size()) > L.max_block_indices)
+      return internal_error("step exceeds the executor's limits (" + std::to_string(b.num_tokens) + " tokens, " +
+                            std::to_string(b.num_seqs) + " sequences, " + std::to_string(b.block_indices.size()) +
+                            " pages)");
+  }
   const int num_samples = static_cast<int>(b.sample_rows.size());
   if (num_samples > 0 && (num_samples > L.max_sample_rows ||
                           static_cast<int>(b.sample_edits.ids.size()) > L.max_edits || !sample_scratch_))
     return internal_error("step exceeds the device sampler's limits");
-
-  // Pure decode: one query token per sequence, each sequence's row wanted once.
-  bool decode = b.num_tokens == b.num_seqs && num_rows == b.num_seqs;
-  for (int i = 0; decode && i < num_rows; ++i) decode = b.logit_rows[i] == i;
-  const int bucket = decode && graphs_on_ ? decode_graph_bucket(b.num_seqs, max_bucket_) : 0;
-
-  ForwardBatch fb = stage(b, bucket);
-  if (decode) {
-    // Decode steps plan attention for the longest context any sequence may
-    // have, eager or replayed alike, so a replay equals the eager step bit for bit.
-    fb.attn.max_kv_len = max_model_len_;
-    fb.attn.max_q_len = 1;
+  for (const TokenFill& f : b.token_fills)
+    if (f.token_row < 0 || f.token_row >= b.num_tokens || f.sample_row < 0 || f.sample_row >= L.max_sample_rows)
+      return internal_error("token fill out of range");
+  if (b.need_host_logits && num_rows > 0 && !host_logits_) {
+    host_logits_ = static_cast<float*>(backend_->alloc_host(static_cast<size_t>(max_logit_rows_) *
+                                                            static_cast<size_t>(vocab_size()) * sizeof(float)));
+    if (!host_logits_) return resource_exhausted("out of pinned host memory for logits");
   }
-  Tensor logits;
-  if (bucket > 0) {
-    logits = run_graph(bucket, fb);
-  } else {
-    logits = model_->forward(fb, kv_);
-    if (decode) ++num_eager_decode_;
-  }
-  if (logits.dtype() != DType::kF32) return internal_error("the model's logits must be F32");
-  const int64_t vocab = vocab_size();
-  const size_t M = static_cast<size_t>(L.max_sample_rows);
-  int32_t* d_tokens = static_cast<int32_t*>(sample_out_);
-  float* d_lp = reinterpret_cast<float*>(d_tokens + M);
-  int32_t* d_rank = reinterpret_cast<int32_t*>(d_lp + M);
-  int32_t* d_top_ids = d_rank + M;
-  float* d_top_lp = reinterpret_cast<float*>(d_top_ids + M * kMaxDeviceTopLogprobs);
-  bool want_logprobs = false;
-  if (num_samples > 0) {
-    ops::Backend::SampleBatch sb;
-    sb.logits = static_cast<const float*>(logits.data());
-    sb.vocab = vocab;
-    sb.num_rows = num_samples;
-    sb.rows = dev<char>(L.sample_rows);
-    sb.edit_ids = dev<int32_t>(L.edit_ids);
-    sb.edit_vals = dev<float>(L.edit_vals);
-    sb.scratch = sample_scratch_;
-    sb.tokens = d_tokens;
-    sb.logprobs = d_lp;
-    sb.ranks = d_rank;
-    sb.top_ids = d_top_ids;
-    sb.top_logprobs = d_top_lp;
-    backend_->sample(sb);
-    for (const DeviceSampleRow& r : b.sample_rows) want_logprobs |= r.num_logprobs >= 0;
-    char* h = static_cast<char*>(sample_out_host_);
-    const size_t ns = static_cast<size_t>(num_samples);
-    backend_->copy_to_host_async(h, d_tokens, ns * 4);
-    if (want_logprobs) {
-      const size_t top = ns * kMaxDeviceTopLogprobs * 4;
-      backend_->copy_to_host_async(h + M * 4, d_lp, ns * 4);
-      backend_->copy_to_host_async(h + M * 8, d_rank, ns * 4);
-      backend_->copy_to_host_async(h + M * 12, d_top_ids, top);
-      backend_->copy_to_host_async(h + M * (12 + 4 * kMaxDeviceTopLogprobs), d_top_lp, top);
+
+  // Buffers of step k: staging and results k % 2. Step k - 2, their last
+  // user, has been waited for (at most two steps are in flight).
+  const int buf = static_cast<int>(num_enqueued_ % 2);
+  staging_ = staging_buf_[buf];
+  InFlight& f = inflight_[(inflight_head_ + num_inflight_) % 2];
+  f.host_buf = buf;
+  f.num_samples = 0;
+  f.want_logprobs = false;
+  f.logits = nullptr;
+  f.mark_begin = backend_->timer_mark();
+  // Queued in this order: swap-out, page copies, swap-in, then the forward.
+  if (!b.swap_out.empty()) swap_blocks(b.swap_out, true);
+  if (!b.copies.empty()) copy_blocks(b.copies);
+  if (!b.swap_in.empty()) swap_blocks(b.swap_in, false);
+  if (b.num_tokens > 0) {
+    // Pure decode: one query token per sequence, each sequence's row wanted once.
+    bool decode = b.num_tokens == b.num_seqs && num_rows == b.num_seqs;
+    for (int i = 0; decode && i < num_rows; ++i) decode = b.logit_rows[i] == i;
+    const int bucket = decode && graphs_on_ ? decode_graph_bucket(b.num_seqs, max_bucket_) : 0;
+
+    ForwardBatch fb = stage(b, bucket);
+    if (decode) {
+      // Decode steps plan attention for the longest context any sequence may
+      // have, eager or replayed alike, so a replay equals the eager step bit for bit.
+      fb.attn.max_kv_len = max_model_len_;
+      fb.attn.max_q_len = 1;
+    }
+    Tensor logits;
+    if (bucket > 0) {
+      logits = run_graph(bucket, fb);
+    } else {
+      logits = model_->forward(fb, kv_);
+      if (decode) ++num_eager_decode_;
+    }
+    if (logits.dtype() != DType::kF32) return internal_error("the model's logits must be F32");
+    const int64_t vocab = vocab_size();
+    const size_t M = static_cast<size_t>(L.max_sample_rows);
+    int32_t* d_tokens = dev<int32_t>(L.sampled);  // read by the next step's token fills
+    float* d_lp = reinterpret_cast<float*>(static_cast<int32_t*>(sample_out_) + M);
+    int32_t* d_rank = reinterpret_cast<int32_t*>(d_lp + M);
+    int32_t* d_top_ids = d_rank + M;
+    float* d_top_lp = reinterpret_cast<float*>(d_top_ids + M * kMaxDeviceTopLogprobs);
+    if (num_samples > 0) {
+      ops::Backend::SampleBatch sb;
+      sb.logits = static_cast<const float*>(logits.data());
+      sb.vocab = vocab;
+      sb.num_rows = num_samples;
+      sb.rows = dev<char>(L.sample_rows);
+      sb.edit_ids = dev<int32_t>(L.edit_ids);
+      sb.edit_vals = dev<float>(L.edit_vals);
+      sb.scratch = sample_scratch_;
+      sb.tokens = d_tokens;
+      sb.logprobs = d_lp;
+      sb.ranks = d_rank;
+      sb.top_ids = d_top_ids;
+      sb.top_logprobs = d_top_lp;
+      backend_->sample(sb);
+      f.row_logprobs.resize(static_cast<size_t>(num_samples));
+      for (int i = 0; i < num_samples; ++i) {
+        const bool lp = b.sample_rows[static_cast<size_t>(i)].num_logprobs >= 0;
+        f.row_logprobs[static_cast<size_t>(i)] = lp ? 1 : 0;
+        f.want_logprobs |= lp;
+      }
+      char* h = static_cast<char*>(sample_out_host_[buf]);
+      const size_t ns = static_cast<size_t>(num_samples);
+      backend_->copy_to_host_async(h, d_tokens, ns * 4);
+      if (f.want_logprobs) {
+        const size_t top = ns * kMaxDeviceTopLogprobs * 4;
+        backend_->copy_to_host_async(h + M * 4, d_lp, ns * 4);
+        backend_->copy_to_host_async(h + M * 8, d_rank, ns * 4);
+        backend_->copy_to_host_async(h + M * 12, d_top_ids, top);
+        backend_->copy_to_host_async(h + M * (12 + 4 * kMaxDeviceTopLogprobs), d_top_lp, top);
+      }
+      f.num_samples = num_samples;
+    }
+    if (b.need_host_logits && num_rows > 0) {
+      backend_->copy_to_host_async(host_logits_, logits.data(),
+                                   static_cast<size_t>(num_rows) * static_cast<size_t>(vocab) * sizeof(float));
+      f.logits = host_logits_;
     }
   }
-  if (b.need_host_logits && num_rows > 0) {
-    if (!host_logits_) {
-      host_logits_ = static_cast<float*>(
-          backend_->alloc_host(static_cast<size_t>(max_logit_rows_) * static_cast<size_t>(vocab) * sizeof(float)));
-      if (!host_logits_) return resource_exhausted("out of pinned host memory for logits");
-    }
-    backend_->copy_to_host_async(host_logits_, logits.data(),
-                                 static_cast<size_t>(num_rows) * static_cast<size_t>(vocab) * sizeof(float));
-    out.logits = host_logits_;
-  }
-  if (timed) timer_->stop();
-  backend_->synchronize();  // the step's one wait: ids (and logits) are back
-  if (timed) {
-    const double ms = timer_->elapsed_ms();
-    last_device_ns_ = ms >= 0 ? static_cast<int64_t>(ms * 1e6) : -1;
-  }
-  if (num_samples > 0) {
-    const char* h = static_cast<const char*>(sample_out_host_);
+  f.mark_end = backend_->timer_mark();
+  ++num_enqueued_;
+  ++num_inflight_;
+  return Status::Ok();
+}
+
+Expected<StepOutput> ModelExecutor::complete() {
+  if (num_inflight_ == 0) return internal_error("wait_step: no step in flight");
+  InFlight& f = inflight_[inflight_head_];
+  inflight_head_ = (inflight_head_ + 1) % 2;
+  --num_inflight_;
+  // Waits for the end mark: the step's ids (and logits) are on the host.
+  const double ms = backend_->timer_elapsed_ms(f.mark_begin, f.mark_end);
+  if (ms < 0) backend_->synchronize();  // marks no longer held: wait for everything
+  last_device_ns_ = ms >= 0 ? static_cast<int64_t>(ms * 1e6) : -1;
+  StepOutput out;
+  out.logits = f.logits;
+  if (f.num_samples > 0) {
+    const size_t M = static_cast<size_t>(layout_.max_sample_rows);
+    const char* h = static_cast<const char*>(sample_out_host_[f.host_buf]);
     const int32_t* tok = reinterpret_cast<const int32_t*>(h);
     const float* lp = reinterpret_cast<const float*>(h + M * 4);
     const int32_t* rank = reinterpret_cast<const int32_t*>(h + M * 8);
     const int32_t* top_ids = reinterpret_cast<const int32_t*>(h + M * 12);
     const float* top_lp = reinterpret_cast<const float*>(h + M * (12 + 4 * kMaxDeviceTopLogprobs));
-    for (int i = 0; i < num_samples; ++i) {
+    for (int i = 0; i < f.num_samples; ++i) {
       DeviceSampleResult& r = results_[static_cast<size_t>(i)];
       r.token = tok[i];
-      if (b.sample_rows[static_cast<size_t>(i)].num_logprobs >= 0) {
+      if (f.row_logprobs[static_cast<size_t>(i)]) {
         r.logprob = lp[i];
         r.rank = rank[i];
         const size_t k = static_cast<size_t>(i) * kMaxDeviceTopLogprobs;

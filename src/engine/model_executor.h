@@ -11,6 +11,20 @@
 // sampled rows into ids (and logprobs); the ids (and the logits, only when
 // some row is sampled or scored on the host) are copied back, and the step
 // waits for the stream once.
+//
+// Asynchronous steps (launch_step / wait_step, device backends with device
+// sampling, not profiling): launch_step queues all of the above and returns;
+// wait_step waits for a timer mark recorded after the step's copies to the
+// host (Backend::timer_elapsed_ms waits for its second mark), so a step
+// launched later keeps running. Two steps may be in flight: the pinned
+// staging and the pinned result buffers are double-buffered (step k uses
+// buffer k % 2, free again once step k - 2 has been waited for); the device
+// arrays are single, since the stream runs steps in launch order. A step's
+// token_fills read the previous step's sampled ids, which the sampler leaves
+// in the device array `sampled` just before `token_ids`: after the upload,
+// one gather_rows over [sampled | token_ids] rewrites token_ids in place
+// (row t takes fill_src[t]: itself, or a sampled row), before the forward or
+// the graph replay (graphs keep reading token_ids).
 #pragma once
 
 #include <cstdint>
@@ -60,6 +74,9 @@ class ModelExecutor final : public Executor {
   // All logit rows to the host (no device sampling).
   Expected<const float*> execute(const StepBatch& batch) override;
   Expected<StepOutput> execute_step(const StepBatch& batch) override;
+  bool supports_async_steps() const override;
+  Status launch_step(const StepBatch& batch) override;
+  Expected<StepOutput> wait_step() override;
   DeviceSamplingLimits device_sampling_limits() const override;
   int64_t last_step_device_ns() const override { return last_device_ns_; }
   // Through the backend when it is an ops::ProfilingBackend (else empty).
@@ -92,9 +109,12 @@ class ModelExecutor final : public Executor {
 
  private:
   // Byte offsets of the step arrays in the staging and device buffers.
+  // Uploaded each step: [token_ids, block_indices + used). `sampled` (the
+  // sampler's ids, read by the next step's fills) lies before that span.
   struct Layout {
-    size_t token_ids = 0, positions = 0, slot_mapping = 0, q_indptr = 0, kv_lens = 0, block_indptr = 0,
-           logit_rows = 0, block_indices = 0, sample_rows = 0, edit_ids = 0, edit_vals = 0, bytes = 0;
+    size_t sampled = 0, token_ids = 0, positions = 0, slot_mapping = 0, q_indptr = 0, kv_lens = 0,
+           block_indptr = 0, logit_rows = 0, fill_src = 0, block_indices = 0, sample_rows = 0, edit_ids = 0,
+           edit_vals = 0, bytes = 0;
     int max_tokens = 0, max_seqs = 0, max_block_indices = 0, max_logit_rows = 0, max_sample_rows = 0,
         max_edits = 0, max_scratch_rows = 0;
   };
@@ -105,9 +125,22 @@ class ModelExecutor final : public Executor {
   Expected<StepOutput> execute_on_host(const StepBatch& b);
   Status allocate_step_buffers(int max_tokens, int max_logit_rows, int block_size);
   void free_step_buffers();
+  // A step queued by enqueue() and not yet completed.
+  struct InFlight {
+    int num_samples = 0;
+    bool want_logprobs = false;
+    int host_buf = 0;                 // which sample_out_host_ buffer
+    uint64_t mark_begin = 0, mark_end = 0;
+    const float* logits = nullptr;    // host logits (need_host_logits), else null
+    std::vector<uint8_t> row_logprobs;  // per sample row: num_logprobs >= 0
+  };
+  // Queues the step (copies, upload, fills, forward, sampling, copies back).
+  Status enqueue(const StepBatch& b);
+  // Waits for the oldest queued step and returns its output.
+  Expected<StepOutput> complete();
   // Packs the step (padded to `padded` decode sequences when > num_seqs) into
-  // the staging buffer and queues its upload. Returns the ForwardBatch over
-  // the device arrays.
+  // the staging buffer and queues its upload and token fills. Returns the
+  // ForwardBatch over the device arrays.
   ForwardBatch stage(const StepBatch& b, int padded);
   ForwardBatch device_batch(int num_seqs, int num_tokens, int max_q_len, int max_kv_len, int num_logit_rows) const;
   // Forward of one step of max_tokens tokens writing no KV (scratch sizes).
@@ -142,13 +175,19 @@ class ModelExecutor final : public Executor {
   // CPU backend: the batch's own host arrays are the "device" arrays.
   // Device backends: fixed arrays below.
   Layout layout_;
-  void* staging_ = nullptr;        // pinned host, layout_.bytes
+  void* staging_buf_[2] = {nullptr, nullptr};  // pinned host, layout_.bytes each
+  void* staging_ = nullptr;        // the one the current step packs into
   void* device_arrays_ = nullptr;  // device, layout_.bytes
   float* sample_scratch_ = nullptr;  // device [max_scratch_rows, vocab]
-  void* sample_out_ = nullptr;       // device: tokens, logprobs, ranks [M]; top ids, logprobs [M, 20]
-  void* sample_out_host_ = nullptr;  // pinned copy of sample_out_
+  void* sample_out_ = nullptr;       // device: (tokens unused: `sampled`), logprobs, ranks [M]; top ids, logprobs [M, 20]
+  void* sample_out_host_[2] = {nullptr, nullptr};  // pinned copies of the ids and sample_out_
   float* host_logits_ = nullptr;     // pinned [max_logit_rows, vocab], allocated on first use
   std::vector<DeviceSampleResult> results_;
+  // Queued steps, oldest at inflight_head_ (a ring of two).
+  InFlight inflight_[2];
+  int inflight_head_ = 0;
+  int num_inflight_ = 0;
+  int64_t num_enqueued_ = 0;  // steps queued so far: step k uses buffers k % 2
 
   bool graphs_on_ = false;
   bool decode_warmed_ = false;  // warm_up_decode ran on kv_
@@ -157,7 +196,6 @@ class ModelExecutor final : public Executor {
   int max_bucket_ = 0;
   int64_t num_graph_replays_ = 0;
   int64_t num_eager_decode_ = 0;
-  std::unique_ptr<ops::Backend::Timer> timer_;  // device time per step
   int64_t last_device_ns_ = -1;
 };
 

@@ -17,6 +17,10 @@ struct RequestState;
 
 enum class SeqStatus { kWaiting, kRunning, kFinished };
 
+// A token sampled by a step that is still in flight (asynchronous
+// scheduling): its value is not on the host yet.
+inline constexpr int32_t kPendingToken = -1;
+
 struct Sequence {
   RequestState* req = nullptr;
   int index = 0;                 // sample index in [0, n)
@@ -33,10 +37,27 @@ struct Sequence {
   std::vector<int32_t> swapped_blocks;
   int num_swapped = 0;
 
+  // Asynchronous scheduling (EngineCore). The last num_pending tokens are
+  // kPendingToken: sampled by steps in flight, resolved oldest first when
+  // each step is waited for (at most 2, one per step in flight).
+  int num_pending = 0;
+  // Row of the newest pending token in its step's device sample rows (-1:
+  // none, or sampled on the host).
+  int pending_sample_row = -1;
+  // Finishes with the step in flight (its token reaches max_tokens or
+  // max_model_len): the scheduler skips it.
+  bool hold = false;
+  // The newest in-flight step that computes this sequence (EngineCore's
+  // step id, -1: none) and its index in that step's sequences.
+  int64_t inflight_step = -1;
+  int inflight_slot = -1;
+
   bool swapped() const { return !swapped_blocks.empty(); }
 
   int num_tokens() const { return static_cast<int>(tokens.size()); }
   int num_output() const { return num_tokens() - num_prompt_tokens; }
+  // Tokens whose values are on the host (all but the pending ones).
+  int num_known() const { return num_tokens() - num_pending; }
 };
 
 struct RequestState {

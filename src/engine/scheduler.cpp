@@ -100,6 +100,10 @@ void Scheduler::schedule(SchedulerOutput& out) {
   size_t i = 0;
   while (i < running_.size() && budget > 0) {
     Sequence* seq = running_[i];
+    if (seq->hold) {
+      ++i;  // finishes with the step in flight
+      continue;
+    }
     const int remaining = seq->num_tokens() - seq->num_computed;
     OSP_CHECK_GT(remaining, 0);
     int num_new = std::min(remaining, budget);
@@ -119,7 +123,12 @@ void Scheduler::schedule(SchedulerOutput& out) {
         break;
       }
       if (running_.size() == 1) {
-        // Alone, with every other page free: the pool cannot hold it.
+        // Alone, with every other page free: the pool cannot hold it. With a
+        // token still in flight it waits a step (that token is emitted first).
+        if (seq->num_pending > 0) {
+          ++i;  // unscheduled this step
+          break;
+        }
         running_.erase(running_.begin());
         out.cannot_grow.push_back(seq);
         break;
@@ -143,6 +152,7 @@ void Scheduler::schedule(SchedulerOutput& out) {
   while (!preempted_any && !waiting_.empty() && budget > 0) {
     Sequence* seq = waiting_.front();
     if (num_seqs + seq->req->seqs_to_reserve() > config_.max_num_seqs) break;
+    if (seq->num_pending > 0) break;  // preempted with a token in flight: admitted once it is known
     OSP_CHECK(seq->table.empty());
     const bool first_pass_logprobs = seq->req->wants_prompt_logprobs() && seq->index == 0 &&
                                      seq->prompt_logprob_pos < seq->num_prompt_tokens - 1;

@@ -23,6 +23,10 @@
 //     are admitted in a step that preempted, so a step never swaps both ways.
 //   - num_computed catches up with the token count; a sequence samples when
 //     its step ends caught up.
+//   - Asynchronous scheduling (EngineCore): a sequence on hold (it finishes
+//     with the step in flight) is skipped; one whose last token is still in
+//     flight is never finished as "cannot grow" nor admitted from waiting
+//     until that token is known.
 #pragma once
 
 #include <cstdint>
