@@ -1,7 +1,10 @@
 // CUDA matmul against a double-precision reference on the exactly
 // dequantised weights: every weight dtype, the GEMV, cuBLAS and dequantised
 // panel paths (row counts either side of each threshold), bias on and off,
-// odd k and unaligned activations.
+// odd k and unaligned activations; and the batch-1 decode chain queued back
+// to back (programmatic dependent launch) against the same ops serialised.
+#include <cmath>
+
 #include "gpu_test_util.h"
 
 namespace osprey::gpu_test {
@@ -111,6 +114,176 @@ TEST_F(MatmulTest, ZeroRowsIsANoOp) {
 // Panels of a large weight: more rows than fit one 64 MiB panel at this k.
 TEST_F(MatmulTest, QuantisedPanelsCoverEveryRow) {
   check_matmul(gpu(), DType::kQ4_1, Shape{40, 4200, 4096}, true, 4000, kFp32Nmse);
+}
+
+// The batch-1 decode chain (norm -> GEMV -> SiLU-and-mul -> GEMV -> add +
+// norm ...) in BF16, queued back to back (where the card allows, each kernel
+// starts under programmatic dependent launch before the previous one ends,
+// pdl.cuh) and replayed as a CUDA graph, against the same ops with the
+// stream drained after each one: bit for bit. Intermediates are poisoned
+// (bf16 NaN) before every run, so a kernel that read its input before its
+// producer finished would show.
+TEST_F(MatmulTest, DecodeChainQueuedEqualsSerialised) {
+  const int64_t d = 2048, f = 4096;
+  const int layers = 4;
+  const auto to_bf16 = [](const std::vector<float>& v) {
+    std::vector<uint16_t> out(v.size());
+    for (size_t i = 0; i < v.size(); ++i) out[i] = f32_to_bf16(v[i]);
+    return out;
+  };
+  const auto x0 = to_bf16(random_floats(static_cast<size_t>(d), 6000, -2.0f, 2.0f));
+  DeviceMem gwgu = upload(gpu(), pack(DType::kBF16, random_floats(static_cast<size_t>(2 * f * d), 6001, -0.05f, 0.05f),
+                                      2 * f, d));
+  DeviceMem gwd =
+      upload(gpu(), pack(DType::kBF16, random_floats(static_cast<size_t>(d * f), 6002, -0.05f, 0.05f), d, f));
+  DeviceMem gnorm = upload(gpu(), random_floats(static_cast<size_t>(d), 6003, 0.5f, 1.5f));
+  DeviceMem gresid(gpu(), static_cast<size_t>(d) * 2), gnormed(gpu(), static_cast<size_t>(d) * 2),
+      ggu(gpu(), static_cast<size_t>(2 * f) * 2), gact(gpu(), static_cast<size_t>(f) * 2),
+      gproj(gpu(), static_cast<size_t>(d) * 2);
+  Tensor resid = dev_tensor(gresid, DType::kBF16, {1, d}), normed = dev_tensor(gnormed, DType::kBF16, {1, d});
+  Tensor gu = dev_tensor(ggu, DType::kBF16, {1, 2 * f}), act = dev_tensor(gact, DType::kBF16, {1, f});
+  Tensor proj = dev_tensor(gproj, DType::kBF16, {1, d});
+  Tensor wgu = dev_tensor(gwgu, DType::kBF16, {2 * f, d}), wd = dev_tensor(gwd, DType::kBF16, {d, f});
+  Tensor wn = dev_tensor(gnorm, DType::kF32, {d});
+
+  const std::vector<uint16_t> poison(static_cast<size_t>(2 * f), 0xffff);  // bf16 NaN
+  auto reset = [&] {
+    gpu().copy_to_device(gresid.get(), x0.data(), x0.size() * 2);
+    for (DeviceMem* m : {&gnormed, &ggu, &gact, &gproj}) gpu().copy_to_device(m->get(), poison.data(), m->bytes());
+    gpu().synchronize();
+  };
+  // serial: drain the stream after every op (no two kernels can overlap).
+  auto chain = [&](bool serial) {
+    auto step = [&] {
+      if (serial) gpu().synchronize();
+    };
+    for (int l = 0; l < layers; ++l) {
+      if (l == 0) {
+        gpu().rms_norm(resid, wn, 1e-5f, normed);
+      } else {
+        gpu().add_rms_norm(resid, proj, wn, 1e-5f, normed);
+      }
+      step();
+      gpu().matmul(normed, wgu, Tensor(), gu);
+      step();
+      gpu().silu_mul(gu, act);
+      step();
+      gpu().matmul(act, wd, Tensor(), proj);
+      step();
+    }
+    gpu().add(resid, proj);
+  };
+  reset();
+  chain(true);
+  const auto want = download<uint16_t>(gpu(), gresid, static_cast<size_t>(d));
+  int finite = 0;
+  for (uint16_t v : want) finite += std::isfinite(bf16_to_f32(v)) ? 1 : 0;
+  ASSERT_EQ(finite, d) << "the serialised chain must give finite values";
+  for (int rep = 0; rep < 5; ++rep) {
+    reset();
+    chain(false);
+    EXPECT_EQ(download<uint16_t>(gpu(), gresid, static_cast<size_t>(d)), want) << "queued run " << rep;
+  }
+  if (gpu().supports_graphs()) {
+    reset();
+    gpu().begin_capture();
+    chain(false);
+    auto graph = gpu().end_capture();
+    ASSERT_NE(graph, nullptr);
+    for (int rep = 0; rep < 5; ++rep) {
+      reset();
+      graph->launch();
+      EXPECT_EQ(download<uint16_t>(gpu(), gresid, static_cast<size_t>(d)), want) << "graph replay " << rep;
+    }
+  }
+}
+
+// BF16 activations through cuBLASLt with autotuned plans (gemm/matmul.cpp):
+// a shape's first call times the heuristic's candidates and keeps the
+// fastest; other n of the same power-of-two bucket reuse the winner; a shape
+// first seen inside graph capture keeps the heuristic's choice. Every such
+// plan must compute the same product: against a float64 reference on the
+// bf16 values, repeated calls bit for bit, and a graph replay equal to the
+// eager call of its shape.
+TEST_F(MatmulTest, Bf16AutotunedPlansMatchReference) {
+  const int64_t m = 384, k = 512;
+  const auto wf = random_floats(static_cast<size_t>(m * k), 7001);
+  std::vector<uint16_t> wb(wf.size());
+  for (size_t i = 0; i < wf.size(); ++i) wb[i] = f32_to_bf16(wf[i]);
+  DeviceMem gw = upload(gpu(), wb);
+  Tensor wt(gw.get(), DType::kBF16, {m, k}, Device::kCuda);
+  uint32_t seed = 7100;
+  // n: below the tuning threshold, a bucket's first and second shapes, large.
+  for (int64_t n : {12, 100, 128, 65, 600, 1000, 2048}) {
+    for (DType ot : {DType::kBF16, DType::kF32}) {
+      const auto xf = random_floats(static_cast<size_t>(n * k), seed += 2);
+      std::vector<uint16_t> xb(xf.size());
+      for (size_t i = 0; i < xf.size(); ++i) xb[i] = f32_to_bf16(xf[i]);
+      std::vector<double> ref(static_cast<size_t>(n * m));
+      for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < m; ++j) {
+          double acc = 0;
+          for (int64_t c = 0; c < k; ++c) {
+            acc += double{bf16_to_f32(xb[static_cast<size_t>(i * k + c)])} *
+                   bf16_to_f32(wb[static_cast<size_t>(j * k + c)]);
+          }
+          ref[static_cast<size_t>(i * m + j)] = acc;
+        }
+      }
+      const size_t oes = ot == DType::kF32 ? 4 : 2;
+      DeviceMem gx = upload(gpu(), xb), go(gpu(), static_cast<size_t>(n * m) * oes);
+      Tensor xt(gx.get(), DType::kBF16, {n, k}, Device::kCuda), out(go.get(), ot, {n, m}, Device::kCuda);
+      auto result = [&] {
+        std::vector<float> f(static_cast<size_t>(n * m));
+        if (ot == DType::kF32) return download<float>(gpu(), go, f.size());
+        const auto b = download<uint16_t>(gpu(), go, f.size());
+        for (size_t i = 0; i < f.size(); ++i) f[i] = bf16_to_f32(b[i]);
+        return f;
+      };
+      const std::string what = "n=" + std::to_string(n) + " out " + std::string(dtype_name(ot));
+      gpu().matmul(xt, wt, Tensor(), out);
+      const auto first = result();
+      const ErrorStats e = error_stats(first.data(), ref.data(), first.size());
+      EXPECT_LE(e.nmse, ot == DType::kF32 ? 1e-10 : 1e-5) << what << " max rel " << e.max_rel;
+      gpu().matmul(xt, wt, Tensor(), out);
+      EXPECT_EQ(result(), first) << what << ": second call differs";
+    }
+  }
+  // A new shape whose first call is captured: not timed, still correct, and
+  // the eager call afterwards uses the same plan (same bits).
+  if (gpu().supports_graphs()) {
+    const int64_t n = 77;
+    const auto xf = random_floats(static_cast<size_t>(n * k), 7200);
+    std::vector<uint16_t> xb(xf.size());
+    for (size_t i = 0; i < xf.size(); ++i) xb[i] = f32_to_bf16(xf[i]);
+    DeviceMem gx = upload(gpu(), xb), go(gpu(), static_cast<size_t>(n * m) * 4);
+    Tensor xt(gx.get(), DType::kBF16, {n, k}, Device::kCuda), out(go.get(), DType::kF32, {n, m}, Device::kCuda);
+    gpu().begin_capture();
+    gpu().matmul(xt, wt, Tensor(), out);
+    auto graph = gpu().end_capture();
+    ASSERT_NE(graph, nullptr);
+    const std::vector<float> poison(static_cast<size_t>(n * m), NAN);  // unwritten elements fail
+    gpu().copy_to_device(go.get(), poison.data(), poison.size() * 4);
+    graph->launch();
+    gpu().synchronize();
+    const auto replayed = download<float>(gpu(), go, static_cast<size_t>(n * m));
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t j = 0; j < m; ++j) {
+        double acc = 0;
+        for (int64_t c = 0; c < k; ++c) {
+          acc += double{bf16_to_f32(xb[static_cast<size_t>(i * k + c)])} *
+                 bf16_to_f32(wb[static_cast<size_t>(j * k + c)]);
+        }
+        const double d = replayed[static_cast<size_t>(i * m + j)] - acc;
+        num += std::isfinite(d) ? d * d : INFINITY;
+        den += acc * acc;
+      }
+    }
+    EXPECT_LE(num / den, 1e-10) << "captured first call";
+    gpu().matmul(xt, wt, Tensor(), out);
+    EXPECT_EQ(download<float>(gpu(), go, static_cast<size_t>(n * m)), replayed) << "eager after capture";
+  }
 }
 
 class MatmulExactTest : public GpuTest {

@@ -5,12 +5,15 @@
 // of the prefill (CUDA events around every backend call). A benchmark: it
 // prints figures and asserts nothing. Built as model_bench next to gpu_tests.
 //
-// Usage: model_bench [config name, default llama-3-8b] [dtype, default bfloat16]
+// Usage: model_bench [config name, default llama-3-8b] [dtype, default bfloat16] [--decode-only]
+// --decode-only skips the TTFT and prefill breakdown (A/B runs of decode
+// switches such as OSPREY_CUDA_NO_PDL=1, which the header line echoes).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <numeric>
 #include <string>
@@ -200,16 +203,32 @@ void print_breakdown(ProfilingBackend& prof, const std::map<std::string, std::pa
   std::printf("  %-28s %6s %10.3f (sum of op times)\n", "total", "", total);
 }
 
+const char* env_or(const char* name, const char* dflt) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? v : dflt;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::string config = argc > 1 ? argv[1] : "llama-3-8b";
-  const std::string dtype = argc > 2 ? argv[2] : "bfloat16";
+  std::vector<std::string> pos;
+  bool decode_only = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--decode-only") {
+      decode_only = true;
+    } else {
+      pos.push_back(a);
+    }
+  }
+  const std::string config = pos.size() > 0 ? pos[0] : "llama-3-8b";
+  const std::string dtype = pos.size() > 1 ? pos[1] : "bfloat16";
   auto cuda_be = cuda::make_cuda_backend({});
   if (!cuda_be) return 1;
   auto* impl = dynamic_cast<cuda::CudaBackend*>(cuda_be.get());
   ProfilingBackend be(*cuda_be, impl->stream());
   std::printf("device: %s\n", be.name());
+  std::printf("env: OSPREY_CUDA_NO_PDL=%s\n", env_or("OSPREY_CUDA_NO_PDL", "(unset)"));
 
   // Copy bandwidth ceiling: 2 GiB device to device, read + write counted.
   double copy_gbs = 0;
@@ -253,7 +272,7 @@ int main(int argc, char** argv) {
   model.reserve(prompt, 1);
 
   // TTFT: one 2048-token prompt (forward incl. the last row's logits).
-  {
+  if (!decode_only) {
     Step s = make_step(be, prompt, prompt, bs, c.vocab_size);
     std::vector<double> t;
     for (int r = 0; r < 7; ++r) {

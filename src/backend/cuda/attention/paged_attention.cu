@@ -18,6 +18,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_common.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/pdl.cuh"
 
 namespace osprey::cuda {
 namespace {
@@ -220,6 +221,10 @@ template <class QT>
 __global__ void combine_splits_kernel(const float* __restrict__ part_acc, const float* __restrict__ part_ml,
                                       int num_splits, int64_t rows, int hd, QT* __restrict__ out) {
   __shared__ float sw[kMaxCombineSplits];
+  // Lets the next PDL kernel (the o-projection GEMV) become resident and
+  // stream its weights while this small grid runs; it still waits for this
+  // grid's completion before reading the output (pdl.cuh).
+  pdl_launch_dependents();
   const int64_t r = blockIdx.x;  // token * hq + head
   if (threadIdx.x < 32) {
     const int lane = threadIdx.x;

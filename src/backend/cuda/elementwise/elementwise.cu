@@ -1,10 +1,13 @@
 // Row-wise and elementwise kernels: embedding lookup, add, SiLU-and-mul,
 // row gather, bias broadcast, float conversions and the seeded uniform fill.
+// The kernels of the decode chain (embedding, add, SiLU-and-mul) are launched
+// through launch_pdl (pdl.cuh) and call pdl_wait() before any access.
 #include <algorithm>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_common.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/pdl.cuh"
 #include "ops/uniform_hash.h"
 
 namespace osprey::cuda {
@@ -22,6 +25,8 @@ unsigned grid_for(int64_t count) {
 template <DType T, class OutT>
 __global__ void embedding_kernel(const char* table, int64_t row_bytes, int64_t vocab, int64_t d,
                                  const int32_t* __restrict__ ids, OutT* __restrict__ out) {
+  pdl_launch_dependents();
+  pdl_wait();
   const int64_t t = blockIdx.x;
   const int32_t id = ids[t];
   OutT* o = out + t * d;
@@ -35,6 +40,8 @@ __global__ void embedding_kernel(const char* table, int64_t row_bytes, int64_t v
 
 template <class T>
 __global__ void add_kernel(T* __restrict__ x, const T* __restrict__ y, int64_t count) {
+  pdl_launch_dependents();
+  pdl_wait();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     x[i] = from_float<T>(to_float(x[i]) + to_float(y[i]));
@@ -44,6 +51,8 @@ __global__ void add_kernel(T* __restrict__ x, const T* __restrict__ y, int64_t c
 // BF16 rows with f % 8 == 0 and 16-byte aligned rows: 8 outputs per thread.
 __global__ void silu_mul_bf16x8_kernel(const __nv_bfloat16* __restrict__ gate_up, int64_t n, int64_t f,
                                        __nv_bfloat16* __restrict__ out) {
+  pdl_launch_dependents();
+  pdl_wait();
   const int64_t count = n * f / 8;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -61,6 +70,8 @@ __global__ void silu_mul_bf16x8_kernel(const __nv_bfloat16* __restrict__ gate_up
 
 template <class T>
 __global__ void silu_mul_kernel(const T* __restrict__ gate_up, int64_t n, int64_t f, T* __restrict__ out) {
+  pdl_launch_dependents();
+  pdl_wait();
   const int64_t count = n * f;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -128,51 +139,47 @@ void launch_embedding(DType dtype, const void* table, int64_t row_bytes, int64_t
     O* o = static_cast<O*>(out);
     switch (dtype) {
       case DType::kF32:
-        embedding_kernel<DType::kF32, O><<<grid, threads, 0, stream>>>(t, row_bytes, vocab, d, ids, o);
+        launch_pdl(embedding_kernel<DType::kF32, O>, grid, dim3(threads), 0, stream, t, row_bytes, vocab, d, ids, o);
         break;
       case DType::kF16:
-        embedding_kernel<DType::kF16, O><<<grid, threads, 0, stream>>>(t, row_bytes, vocab, d, ids, o);
+        launch_pdl(embedding_kernel<DType::kF16, O>, grid, dim3(threads), 0, stream, t, row_bytes, vocab, d, ids, o);
         break;
       case DType::kBF16:
-        embedding_kernel<DType::kBF16, O><<<grid, threads, 0, stream>>>(t, row_bytes, vocab, d, ids, o);
+        launch_pdl(embedding_kernel<DType::kBF16, O>, grid, dim3(threads), 0, stream, t, row_bytes, vocab, d, ids, o);
         break;
       case DType::kQ8_0:
-        embedding_kernel<DType::kQ8_0, O><<<grid, threads, 0, stream>>>(t, row_bytes, vocab, d, ids, o);
+        launch_pdl(embedding_kernel<DType::kQ8_0, O>, grid, dim3(threads), 0, stream, t, row_bytes, vocab, d, ids, o);
         break;
       case DType::kQ4_0:
-        embedding_kernel<DType::kQ4_0, O><<<grid, threads, 0, stream>>>(t, row_bytes, vocab, d, ids, o);
+        launch_pdl(embedding_kernel<DType::kQ4_0, O>, grid, dim3(threads), 0, stream, t, row_bytes, vocab, d, ids, o);
         break;
       case DType::kQ4_1:
-        embedding_kernel<DType::kQ4_1, O><<<grid, threads, 0, stream>>>(t, row_bytes, vocab, d, ids, o);
+        launch_pdl(embedding_kernel<DType::kQ4_1, O>, grid, dim3(threads), 0, stream, t, row_bytes, vocab, d, ids, o);
         break;
       default:
         OSP_CHECK_MSG(false, "embedding: unsupported table dtype " << dtype_name(dtype));
     }
   });
-  OSP_CUDA_CHECK_LAUNCH();
 }
 
 void launch_add(DType act, void* x, const void* y, int64_t count, cudaStream_t stream) {
   if (count == 0) return;
   OSP_DISPATCH_ACT(act, T,
-                   add_kernel<T><<<grid_for(count), kThreads, 0, stream>>>(static_cast<T*>(x),
-                                                                           static_cast<const T*>(y), count));
-  OSP_CUDA_CHECK_LAUNCH();
+                   launch_pdl(add_kernel<T>, dim3(grid_for(count)), dim3(kThreads), 0, stream, static_cast<T*>(x),
+                              static_cast<const T*>(y), count));
 }
 
 void launch_silu_mul(DType act, const void* gate_up, int64_t n, int64_t f, void* out, cudaStream_t stream) {
   if (n * f == 0) return;
   if (act == DType::kBF16 && f % 8 == 0 && reinterpret_cast<uintptr_t>(gate_up) % 16 == 0 &&
       reinterpret_cast<uintptr_t>(out) % 16 == 0) {
-    silu_mul_bf16x8_kernel<<<grid_for(n * f / 8), kThreads, 0, stream>>>(
-        static_cast<const __nv_bfloat16*>(gate_up), n, f, static_cast<__nv_bfloat16*>(out));
-    OSP_CUDA_CHECK_LAUNCH();
+    launch_pdl(silu_mul_bf16x8_kernel, dim3(grid_for(n * f / 8)), dim3(kThreads), 0, stream,
+               static_cast<const __nv_bfloat16*>(gate_up), n, f, static_cast<__nv_bfloat16*>(out));
     return;
   }
   OSP_DISPATCH_ACT(act, T,
-                   silu_mul_kernel<T><<<grid_for(n * f), kThreads, 0, stream>>>(static_cast<const T*>(gate_up), n, f,
-                                                                                static_cast<T*>(out)));
-  OSP_CUDA_CHECK_LAUNCH();
+                   launch_pdl(silu_mul_kernel<T>, dim3(grid_for(n * f)), dim3(kThreads), 0, stream,
+                              static_cast<const T*>(gate_up), n, f, static_cast<T*>(out)));
 }
 
 void launch_gather_rows(const void* x, int64_t row_bytes, int64_t num_x_rows, const int32_t* rows, int num_rows,

@@ -1,12 +1,16 @@
 // GEMV for few activation rows (decode) on packed weights of every dtype:
 // one warp per output row, F32 or BF16 activations, fp32 accumulation. Each weight
 // row is read once per pass of up to kGemvRowsPerPass activation rows.
+// Launched with programmatic dependent launch (pdl.cuh): at one activation
+// row of F16/BF16 weights the first weight chunks are loaded while the
+// kernel before it (norm, SiLU-and-mul) still runs.
 // Also the fp32 dequantisation of weight panels for the GEMM fallback.
 #include <algorithm>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_common.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/pdl.cuh"
 
 namespace osprey::cuda {
 namespace {
@@ -14,26 +18,31 @@ namespace {
 constexpr int kWarps = 8;
 constexpr int kN = kGemvRowsPerPass;
 
+// The eight F16/BF16 weights of a raw 16-byte chunk as fp32.
+template <DType T>
+__device__ __forceinline__ void unpack8(uint4 v, float w[8]) {
+  const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const uint16_t lo = static_cast<uint16_t>(words[j] & 0xffffu);
+    const uint16_t hi = static_cast<uint16_t>(words[j] >> 16);
+    if constexpr (T == DType::kF16) {
+      w[2 * j] = half_bits_to_float(lo);
+      w[2 * j + 1] = half_bits_to_float(hi);
+    } else {
+      w[2 * j] = bf16_bits_to_float(lo);
+      w[2 * j + 1] = bf16_bits_to_float(hi);
+    }
+  }
+}
+
 // Eight consecutive weights starting at element i (i % 8 == 0) of a 16-byte aligned row.
 template <DType T>
 __device__ __forceinline__ void load8(const char* row, int64_t i, float w[8]) {
   if constexpr (T == DType::kF32) {
     load8_act<float>(reinterpret_cast<const float*>(row) + i, w);
   } else {
-    const uint4 v = reinterpret_cast<const uint4*>(row)[i / 8];
-    const uint32_t words[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const uint16_t lo = static_cast<uint16_t>(words[j] & 0xffffu);
-      const uint16_t hi = static_cast<uint16_t>(words[j] >> 16);
-      if constexpr (T == DType::kF16) {
-        w[2 * j] = half_bits_to_float(lo);
-        w[2 * j + 1] = half_bits_to_float(hi);
-      } else {
-        w[2 * j] = bf16_bits_to_float(lo);
-        w[2 * j + 1] = bf16_bits_to_float(hi);
-      }
-    }
+    unpack8<T>(reinterpret_cast<const uint4*>(row)[i / 8], w);
   }
 }
 
@@ -41,23 +50,99 @@ __device__ __forceinline__ void load8(const char* row, int64_t i, float w[8]) {
 // dense vector loop (16-byte loads for F16/BF16: 4 x 16 B per lane).
 constexpr int kUnroll = 4;
 
+// Batch-1 GEMV on F16/BF16 rows: groups of kUnroll chunks a lane loads
+// before pdl_wait() (registers live across the wait: 16 per group; 4 KB of
+// each row in flight while the previous kernel finishes). One group measured
+// the same on an H200 (docs/cuda.md).
+constexpr int kPreGroups1 = 2;
+
+constexpr int64_t kStep = 32 * 8;  // elements of one 16-byte chunk across the warp
+
+// Batch-1 rows of F16/BF16 weights (16-byte aligned, k % 8 == 0): chunk c of
+// a lane covers elements lane * 8 + c * kStep + [0, 8). load_pre loads the
+// lane's first kPreChunks chunks raw (zero past k or for an invalid row):
+// the loads issued before pdl_wait().
+template <int kPreChunks>
+__device__ __forceinline__ void load_pre(const char* wr, int64_t k, int lane, bool valid, uint4 (&pre)[kPreChunks]) {
+#pragma unroll
+  for (int c = 0; c < kPreChunks; ++c) {
+    const int64_t idx = static_cast<int64_t>(lane) * 8 + c * kStep;
+    pre[c] = valid && idx < k ? reinterpret_cast<const uint4*>(wr)[idx / 8] : make_uint4(0, 0, 0, 0);
+  }
+}
+
+// The lane's share of dot(x[0, k), row): the pre-loaded chunks, then the
+// rest kUnroll chunks at a time, every product added in ascending chunk
+// order (as in gemv_kernel's other dense paths, so the sums are identical).
+template <DType T, class XT, int kPreChunks>
+__device__ __forceinline__ float lane_dot16(const char* wr, const uint4 (&pre)[kPreChunks], const XT* x, int64_t k,
+                                            int lane) {
+  float acc = 0.0f;
+  int64_t i = static_cast<int64_t>(lane) * 8;
+#pragma unroll
+  for (int c = 0; c < kPreChunks; ++c) {
+    const int64_t idx = i + c * kStep;
+    if (idx < k) {
+      float wv[8], xv[8];
+      unpack8<T>(pre[c], wv);
+      load8_act<XT>(x + idx, xv);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc += xv[e] * wv[e];
+    }
+  }
+  i += kPreChunks * kStep;
+  for (; i + (kUnroll - 1) * kStep < k; i += kUnroll * kStep) {
+    float wv[kUnroll][8];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) load8<T>(wr, i + u * kStep, wv[u]);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      float xv[8];
+      load8_act<XT>(x + i + u * kStep, xv);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc += xv[e] * wv[u][e];
+    }
+  }
+  for (; i < k; i += kStep) {
+    float wv[8], xv[8];
+    load8<T>(wr, i, wv);
+    load8_act<XT>(x + i, xv);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc += xv[e] * wv[e];
+  }
+  return acc;
+}
+
 // out[r * ldo + row] = dot(x[r * k : +k], w row) (+ bias[row]) for r < n <= kN.
 // kVec: rows and x are 16-byte aligned and k % 8 == 0 (dense) / k % 32 == 0 (quantised).
 // kNR: activation rows the kernel is compiled for (1 for batch-1 decode:
 // fewer registers, more warps resident, no wave tail at 4096-row matrices).
-template <DType T, class XT, class OT, bool kVec, int kNR>
+// Launched through launch_pdl: only weights are read before pdl_wait()
+// (batch 1 on F16/BF16 rows: the first kPreGroups groups of kUnroll chunks).
+template <DType T, class XT, class OT, bool kVec, int kNR, int kPreGroups = 1>
 __global__ void __launch_bounds__(kWarps * 32)
     gemv_kernel(const char* __restrict__ w, int64_t row_bytes, int64_t m, int64_t k, const XT* __restrict__ x, int n,
                 const float* __restrict__ bias, OT* __restrict__ out, int64_t ldo) {
+  // Batch 1 only: more rows would hold kNR accumulators across the wait too.
+  constexpr bool kPre = kVec && kNR == 1 && (T == DType::kF16 || T == DType::kBF16);
+  constexpr int kPreChunks = kPre ? kPreGroups * kUnroll : 1;
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
-  if (row >= m) return;
-  const char* wr = w + row * row_bytes;
+  const bool valid = row < m;
+  const char* wr = w + (valid ? row : 0) * row_bytes;
+  // The row's first chunks, raw, in flight across the wait (zero past k).
+  [[maybe_unused]] uint4 pre[kPreChunks];
+  if constexpr (kPre) load_pre(wr, k, lane, valid, pre);
+  pdl_launch_dependents();
+  pdl_wait();
+  if (!valid) return;
   float acc[kNR];
 #pragma unroll
   for (int r = 0; r < kNR; ++r) acc[r] = 0.0f;
 
-  if constexpr (dtype_is_quantized(T)) {
+  if constexpr (kPre) {
+    acc[0] = lane_dot16<T, XT, kPreChunks>(wr, pre, x, k, lane);
+  } else if constexpr (dtype_is_quantized(T)) {
     const int64_t nb = k / kQuantBlock;
     for (int64_t b = lane; b < nb; b += 32) {
       float wv[kQuantBlock];
@@ -84,7 +169,6 @@ __global__ void __launch_bounds__(kWarps * 32)
       }
     }
   } else if constexpr (kVec) {
-    constexpr int64_t kStep = 32 * 8;
     int64_t i = static_cast<int64_t>(lane) * 8;
     // Main loop: kUnroll independent 16-byte weight loads in flight per lane.
     for (; i + (kUnroll - 1) * kStep < k; i += kUnroll * kStep) {
@@ -165,13 +249,15 @@ void gemv_typed(const void* w, int64_t row_bytes, int64_t m, int64_t k, const XT
     // Quantised rows need no 16-byte alignment: blocks are read in 2-byte words.
     const bool v = vec || (dtype_is_quantized(T) && aligned16(xp) && (k * static_cast<int64_t>(sizeof(XT))) % 16 == 0);
     if (v && rows == 1) {
-      gemv_kernel<T, XT, OT, true, 1><<<grid, kWarps * 32, 0, stream>>>(wp, row_bytes, m, k, xp, rows, bias, op, m);
+      launch_pdl(gemv_kernel<T, XT, OT, true, 1, kPreGroups1>, dim3(grid), dim3(kWarps * 32), 0, stream, wp, row_bytes, m,
+                 k, xp, rows, bias, op, m);
     } else if (v) {
-      gemv_kernel<T, XT, OT, true, kN><<<grid, kWarps * 32, 0, stream>>>(wp, row_bytes, m, k, xp, rows, bias, op, m);
+      launch_pdl(gemv_kernel<T, XT, OT, true, kN>, dim3(grid), dim3(kWarps * 32), 0, stream, wp, row_bytes, m, k, xp, rows,
+                 bias, op, m);
     } else {
-      gemv_kernel<T, XT, OT, false, kN><<<grid, kWarps * 32, 0, stream>>>(wp, row_bytes, m, k, xp, rows, bias, op, m);
+      launch_pdl(gemv_kernel<T, XT, OT, false, kN>, dim3(grid), dim3(kWarps * 32), 0, stream, wp, row_bytes, m, k, xp, rows,
+                 bias, op, m);
     }
-    OSP_CUDA_CHECK_LAUNCH();
   }
 }
 
@@ -216,6 +302,10 @@ void launch_gemv(DType dtype, const void* w, int64_t row_bytes, int64_t m, int64
     gemv_for_types<__nv_bfloat16, __nv_bfloat16>(dtype, w, row_bytes, m, k, x, n, bias, out, stream);
   } else if (x_dtype == DType::kBF16 && out_dtype == DType::kF32) {
     gemv_for_types<__nv_bfloat16, float>(dtype, w, row_bytes, m, k, x, n, bias, out, stream);
+  } else if (x_dtype == DType::kF16 && out_dtype == DType::kF16) {
+    gemv_for_types<__half, __half>(dtype, w, row_bytes, m, k, x, n, bias, out, stream);
+  } else if (x_dtype == DType::kF16 && out_dtype == DType::kF32) {
+    gemv_for_types<__half, float>(dtype, w, row_bytes, m, k, x, n, bias, out, stream);
   } else {
     OSP_CHECK_MSG(false, "gemv: unsupported activation/output dtypes " << dtype_name(x_dtype) << " -> "
                                                                        << dtype_name(out_dtype));

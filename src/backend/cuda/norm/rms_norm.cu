@@ -1,10 +1,13 @@
 // RMSNorm, RMSNorm fused with the residual add, and (through rms_norm with
-// rows = tokens * heads) the per-head q/k norm. One block per row.
+// rows = tokens * heads) the per-head q/k norm. One block per row. Every
+// kernel is launched through launch_pdl (pdl.cuh): only the norm weights are
+// read before pdl_wait().
 #include <algorithm>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_common.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/pdl.cuh"
 
 namespace osprey::cuda {
 namespace {
@@ -18,6 +21,8 @@ int threads_for(int64_t d) {
 template <class T>
 __global__ void rms_norm_kernel(const T* x, const float* __restrict__ w, float eps, int64_t d, T* out) {
   __shared__ float red[32];
+  pdl_launch_dependents();
+  pdl_wait();
   const int64_t r = blockIdx.x;
   const T* xr = x + r * d;
   float ss = 0.0f;
@@ -37,6 +42,8 @@ template <class T>
 __global__ void add_rms_norm_kernel(T* residual, const T* __restrict__ x, const float* __restrict__ w, float eps,
                                     int64_t d, T* out) {
   __shared__ float red[32];
+  pdl_launch_dependents();
+  pdl_wait();
   const int64_t r = blockIdx.x;
   T* rr = residual + r * d;
   const T* xr = x + r * d;
@@ -65,6 +72,13 @@ __global__ void rms_norm_bf16x8_kernel(__nv_bfloat16* residual, const __nv_bfloa
   const int64_t r = blockIdx.x;
   const int64_t c = static_cast<int64_t>(threadIdx.x) * 8;
   const bool active = c < d;
+  float wv[8];
+  if (active) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) wv[e] = w[c + e];
+  }
+  pdl_launch_dependents();
+  pdl_wait();
   float v[8];
   float ss = 0.0f;
   if (active) {
@@ -90,7 +104,7 @@ __global__ void rms_norm_bf16x8_kernel(__nv_bfloat16* residual, const __nv_bfloa
   const float inv = 1.0f / sqrtf(ss / static_cast<float>(d) + eps);
   alignas(16) __nv_bfloat16 o[8];
 #pragma unroll
-  for (int e = 0; e < 8; ++e) o[e] = __float2bfloat16_rn(v[e] * inv * w[c + e]);
+  for (int e = 0; e < 8; ++e) o[e] = __float2bfloat16_rn(v[e] * inv * wv[e]);
   *reinterpret_cast<uint4*>(out + r * d + c) = *reinterpret_cast<const uint4*>(o);
 }
 
@@ -110,15 +124,13 @@ void launch_rms_norm(DType act, const void* x, const float* w, float eps, int64_
   if (rows == 0 || d == 0) return;
   OSP_CHECK_LE(rows, int64_t{2147483647});
   if (vec_ok(act, d, x, out, x) && x != out) {  // head_rms_norm runs in place: keep the generic kernel
-    rms_norm_bf16x8_kernel<false><<<static_cast<unsigned>(rows), vec_threads(d), 0, stream>>>(
-        nullptr, static_cast<const __nv_bfloat16*>(x), w, eps, d, static_cast<__nv_bfloat16*>(out));
-    OSP_CUDA_CHECK_LAUNCH();
+    launch_pdl(rms_norm_bf16x8_kernel<false>, dim3(static_cast<unsigned>(rows)), dim3(vec_threads(d)), 0, stream,
+               nullptr, static_cast<const __nv_bfloat16*>(x), w, eps, d, static_cast<__nv_bfloat16*>(out));
     return;
   }
   OSP_DISPATCH_ACT(act, T,
-                   rms_norm_kernel<T><<<static_cast<unsigned>(rows), threads_for(d), 0, stream>>>(
-                       static_cast<const T*>(x), w, eps, d, static_cast<T*>(out)));
-  OSP_CUDA_CHECK_LAUNCH();
+                   launch_pdl(rms_norm_kernel<T>, dim3(static_cast<unsigned>(rows)), dim3(threads_for(d)), 0, stream,
+                              static_cast<const T*>(x), w, eps, d, static_cast<T*>(out)));
 }
 
 void launch_add_rms_norm(DType act, void* residual, const void* x, const float* w, float eps, int64_t rows, int64_t d,
@@ -126,16 +138,15 @@ void launch_add_rms_norm(DType act, void* residual, const void* x, const float* 
   if (rows == 0 || d == 0) return;
   OSP_CHECK_LE(rows, int64_t{2147483647});
   if (vec_ok(act, d, residual, x, out)) {
-    rms_norm_bf16x8_kernel<true><<<static_cast<unsigned>(rows), vec_threads(d), 0, stream>>>(
-        static_cast<__nv_bfloat16*>(residual), static_cast<const __nv_bfloat16*>(x), w, eps, d,
-        static_cast<__nv_bfloat16*>(out));
-    OSP_CUDA_CHECK_LAUNCH();
+    launch_pdl(rms_norm_bf16x8_kernel<true>, dim3(static_cast<unsigned>(rows)), dim3(vec_threads(d)), 0, stream,
+               static_cast<__nv_bfloat16*>(residual), static_cast<const __nv_bfloat16*>(x), w, eps, d,
+               static_cast<__nv_bfloat16*>(out));
     return;
   }
   OSP_DISPATCH_ACT(act, T,
-                   add_rms_norm_kernel<T><<<static_cast<unsigned>(rows), threads_for(d), 0, stream>>>(
-                       static_cast<T*>(residual), static_cast<const T*>(x), w, eps, d, static_cast<T*>(out)));
-  OSP_CUDA_CHECK_LAUNCH();
+                   launch_pdl(add_rms_norm_kernel<T>, dim3(static_cast<unsigned>(rows)), dim3(threads_for(d)), 0,
+                              stream, static_cast<T*>(residual), static_cast<const T*>(x), w, eps, d,
+                              static_cast<T*>(out)));
 }
 
 }  // namespace osprey::cuda
