@@ -1,7 +1,9 @@
 // kv_write and paged_attention of the CUDA backend against the CPU backend:
 // mixed prefill / chunked-prefill / decode batches, pages out of order, odd
 // block sizes, GQA and MQA ratios, head dims 16..256, F32/F16/BF16 pages,
-// sliding windows, long contexts (split KV and its merge), empty batches.
+// sliding windows, long contexts (split KV and its merge), empty batches;
+// decode steps with 16-bit q and pages (the tensor-core decode kernel): odd
+// lengths, page boundaries, G = 1/2/4/8, hd 64/128, windows, forced splits.
 #include <numeric>
 
 #include "gpu_test_util.h"
@@ -210,6 +212,99 @@ TEST_F(AttentionTest, EmptyBatchLeavesOutputAlone) {
   EXPECT_EQ(download<float>(gpu(), go, 4), sentinel);
 }
 
+// ---- decode steps with 16-bit q / out and pages of the same dtype ----------------
+// (the tensor-core decode kernel; F32 q above runs the SIMT one)
+
+// One decode step (one query token per sequence, kv lengths `lens`) with q,
+// out and pages of dtype t, against the CPU on the same rounded q. With
+// zero_k every score is 0, so the output is the exact mean of V over each
+// query's key range: one key too many or too few moves it far beyond the
+// output's rounding, which random K hides at long lengths.
+void check_decode16(ops::Backend& gpu, ops::Backend& cpu, DType t, const Config& c, const std::vector<int>& lens,
+                    int window, uint32_t seed, bool zero_k = false, float q_range = 2.0f) {
+  std::vector<SeqSpec> seqs;
+  for (int len : lens) seqs.push_back({1, len});
+  const std::string what = std::string(dtype_name(t)) + " decode " + (zero_k ? "K=0 " : "") + tag(c, window, seqs);
+  Batch h(seqs, c.block_size, seed);
+  const int64_t n = h.num_tokens();
+  const size_t page_elems = static_cast<size_t>(h.num_blocks) * c.block_size * c.hk * c.hd;
+  auto kp = zero_k ? pack(t, std::vector<float>(page_elems, 0.0f), 1, static_cast<int64_t>(page_elems))
+                   : random_pages(t, page_elems, seed + 1);
+  auto vp = random_pages(t, page_elems, seed + 2);
+  const auto qf = random_floats(static_cast<size_t>(n * c.hq * c.hd), seed + 3, -q_range, q_range);
+  const auto qb = pack(t, qf, 1, static_cast<int64_t>(qf.size()));
+  const auto qd = unpack(t, qb, 1, static_cast<int64_t>(qf.size()));
+  std::vector<float> qr(qd.begin(), qd.end());
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
+
+  std::vector<float> ref(qr.size());
+  {
+    ops::LayerKv kv;
+    kv.k = Tensor(kp.data(), t, {h.num_blocks, c.block_size, c.hk, c.hd});
+    kv.v = Tensor(vp.data(), t, {h.num_blocks, c.block_size, c.hk, c.hd});
+    Tensor qt(qr.data(), DType::kF32, {n, c.hq, c.hd}), ot(ref.data(), DType::kF32, {n, c.hq, c.hd});
+    const ops::AttentionBatch b = h.host();
+    cpu.paged_attention(qt, kv, b, scale, window, ot);
+  }
+  DeviceBatch db(gpu, h);
+  DeviceMem gk = upload(gpu, kp), gv = upload(gpu, vp), gq = upload(gpu, qb);
+  const size_t out_bytes = qb.size();
+  std::vector<uint8_t> poison(out_bytes, 0xff);  // NaN in F16 and BF16: every element must be written
+  DeviceMem go = upload(gpu, poison);
+  ops::LayerKv kv;
+  kv.k = Tensor(gk.get(), t, {h.num_blocks, c.block_size, c.hk, c.hd}, Device::kCuda);
+  kv.v = Tensor(gv.get(), t, {h.num_blocks, c.block_size, c.hk, c.hd}, Device::kCuda);
+  Tensor qt = dev_tensor(gq, t, {n, c.hq, c.hd}), ot = dev_tensor(go, t, {n, c.hq, c.hd});
+  gpu.paged_attention(qt, kv, db.b, scale, window, ot);
+  const auto got = unpack(t, download<uint8_t>(gpu, go, out_bytes), 1, static_cast<int64_t>(qr.size()));
+  // Rounding: q and P to t, the output to t (2^-9 relative for BF16, 2^-12 for F16).
+  const bool bf16 = t == DType::kBF16;
+  if (zero_k) {
+    expect_close(got, ref, bf16 ? 2e-5 : 2e-7, bf16 ? 8e-3 : 1.5e-3, what);
+  } else {
+    expect_close(got, ref, bf16 ? 5e-5 : 3e-6, bf16 ? 2e-2 : 4e-3, what);
+  }
+}
+
+const std::vector<int> kDecodeLens = {1, 2, 15, 16, 17, 31, 33, 64, 65, 100, 257, 1000, 4097};
+
+TEST_F(AttentionTest, Decode16AcrossGroupsHeadDimsAndBlockSizes) {
+  uint32_t seed = 800;
+  for (DType t : {DType::kBF16, DType::kF16}) {
+    for (Config c : {Config{8, 8, 128, 16, t}, Config{8, 4, 128, 16, t}, Config{32, 8, 128, 16, t},
+                     Config{16, 2, 128, 16, t}, Config{4, 4, 64, 16, t}, Config{8, 4, 64, 7, t},
+                     Config{16, 4, 64, 32, t}, Config{16, 2, 64, 1, t}, Config{32, 8, 128, 5, t}}) {
+      c.kv_dtype = t;
+      check_decode16(gpu(), cpu(), t, c, kDecodeLens, 0, seed += 7);
+      check_decode16(gpu(), cpu(), t, c, kDecodeLens, 0, seed += 7, /*zero_k=*/true);
+    }
+  }
+}
+
+TEST_F(AttentionTest, Decode16PeakyScoresWindowsAndSingleToken) {
+  uint32_t seed = 900;
+  for (DType t : {DType::kBF16, DType::kF16}) {
+    const Config c{32, 8, 128, 16, t};
+    // Large q: a few keys carry almost all the weight.
+    check_decode16(gpu(), cpu(), t, c, kDecodeLens, 0, seed += 7, false, 8.0f);
+    for (int window : {1, 5, 16, 17, 100, 1024}) {
+      check_decode16(gpu(), cpu(), t, c, kDecodeLens, window, seed += 7);
+      check_decode16(gpu(), cpu(), t, Config{8, 2, 64, 7, t}, kDecodeLens, window, seed += 7, true);
+    }
+    check_decode16(gpu(), cpu(), t, c, {1}, 0, seed += 7);
+    check_decode16(gpu(), cpu(), t, c, {16}, 0, seed += 7, true);
+    check_decode16(gpu(), cpu(), t, c, {20000}, 0, seed += 7, true);  // one sequence: many splits
+  }
+}
+
+TEST_F(AttentionTest, Decode16ManySequences) {
+  std::vector<int> lens;
+  std::mt19937 rng(9);
+  for (int i = 0; i < 130; ++i) lens.push_back(1 + static_cast<int>(rng() % 1500));
+  check_decode16(gpu(), cpu(), DType::kBF16, Config{32, 8, 128, 16, DType::kBF16}, lens, 0, 950);
+  check_decode16(gpu(), cpu(), DType::kF16, Config{32, 8, 128, 16, DType::kF16}, lens, 0, 951, true);
+}
+
 class AttentionSplitTest : public GpuTest {
  protected:
   cuda::CudaBackendOptions gpu_options() const override {
@@ -231,6 +326,12 @@ TEST_F(AttentionSplitTest, ForcedSplitsMatch) {
     check_attention(gpu(), cpu(), Config{8, 2, 64, 16, DType::kF32}, kMixed, 0, seed += 7);
     check_attention(gpu(), cpu(), Config{9, 3, 128, 7, DType::kBF16}, kMixed, 5, seed += 7);
     check_attention(gpu(), cpu(), Config{4, 4, 64, 16, DType::kF32}, {{1, 1000}}, 0, seed += 7);
+    // The tensor-core decode kernel, every split through the merge.
+    for (DType t : {DType::kBF16, DType::kF16}) {
+      check_decode16(gpu(), cpu(), t, Config{32, 8, 128, 16, t}, kDecodeLens, 0, seed += 7);
+      check_decode16(gpu(), cpu(), t, Config{8, 4, 64, 7, t}, kDecodeLens, 0, seed += 7, true);
+      check_decode16(gpu(), cpu(), t, Config{16, 2, 128, 16, t}, kDecodeLens, 33, seed += 7, true);
+    }
   }
 }
 

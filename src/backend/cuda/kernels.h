@@ -12,7 +12,7 @@
 
 namespace osprey::cuda {
 
-// Activations ("act" dtype) are F32 or BF16 row-major; their pointers are
+// Activations ("act" dtype) are F32, BF16 or F16 row-major; their pointers are
 // void* of that dtype. Norm weights, biases and RoPE tables are fp32.
 
 // ---- elementwise/ ----------------------------------------------------------------
@@ -98,13 +98,13 @@ void launch_qkv_rope_kv_write(const QkvRopeArgs& args, cudaStream_t stream);
 constexpr int kGemvRowsPerPass = 8;
 
 // out[i, j] = dot(x[i, :], dequant(w row j)) (+ bias[j]) for i < n, j < m, in
-// fp32 accumulation; x of x_dtype (F32/BF16), out of out_dtype (F32/BF16)
+// fp32 accumulation; x of x_dtype (F32/BF16/F16), out of out_dtype (F32 or x_dtype)
 // with leading dimension m. w rows are row_bytes apart; k % 32 == 0 for the
 // quantised dtypes. bias may be null.
 void launch_gemv(DType dtype, const void* w, int64_t row_bytes, int64_t m, int64_t k, DType x_dtype, const void* x,
                  int64_t n, const float* bias, DType out_dtype, void* out, cudaStream_t stream);
 
-// dst[r, :] = dequant(w row r) as out_dtype (F32 or BF16), r < rows (dst
+// dst[r, :] = dequant(w row r) as out_dtype (F32, BF16 or F16), r < rows (dst
 // leading dimension k).
 void launch_dequant_rows(DType dtype, const void* w, int64_t row_bytes, int64_t rows, int64_t k, DType out_dtype,
                          void* dst, cudaStream_t stream);
@@ -122,7 +122,7 @@ void launch_kv_write(DType act, const void* k, const void* v, const int32_t* slo
                      DType cache_dtype, void* k_cache, void* v_cache, int64_t num_slots, cudaStream_t stream);
 
 struct PagedAttentionArgs {
-  DType act = DType::kF32;        // dtype of q and out (F32 or BF16)
+  DType act = DType::kF32;        // dtype of q and out (F32, BF16 or F16)
   const void* q = nullptr;        // [num_tokens, hq, hd]
   const void* k_cache = nullptr;  // [num_blocks, block_size, hk, hd] of kv_dtype
   const void* v_cache = nullptr;
@@ -170,6 +170,10 @@ void launch_combine_splits(const PagedAttentionArgs& args, cudaStream_t stream);
 // head_dim 64/128 and G = hq / hk in {1, 2, 4, 8} with 16-byte aligned pages;
 // otherwise use launch_paged_attention.
 bool decode_attention_supported(const PagedAttentionArgs& args);
+// Sets args.num_splits and args.min_keys_per_split for the decode kernel
+// launch_decode_attention will pick, from num_seqs, the shapes and dtypes and
+// the device's SM count only (graph contract).
+void plan_decode_splits(PagedAttentionArgs& args, int num_sms);
 
 // Prefill and mixed steps on tensor cores (attention/prefill_attention.cu):
 // BF16 q/out and BF16 pages, head_dim 64/128, num_splits == 1; otherwise use

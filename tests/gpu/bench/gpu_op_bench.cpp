@@ -4,11 +4,22 @@
 //
 // Columns: op, shape, microseconds per call (median of reps after warm-up),
 // and the achieved rate (GB/s of bytes that must move, or TFLOP/s).
+//
+// `gpu_op_bench decode-attention` runs only the copy ceiling and the decode
+// attention sweep (BF16 q and pages, Llama-3-8B heads, batch x context; the
+// kernel is the one CudaBackend picks, OSPREY_DECODE_ATTENTION=simt forces
+// the SIMT one for an A/B).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <random>
 #include <functional>
 #include <string>
 #include <tuple>
@@ -48,26 +59,166 @@ struct Buf {
   ~Buf() { be.free(p); }
 };
 
+int32_t* upload_ints(ops::Backend& be, const std::vector<int32_t>& v) {
+  void* p = be.alloc(std::max<size_t>(1, v.size()) * 4);
+  be.copy_to_device(p, v.data(), v.size() * 4);
+  return static_cast<int32_t*>(p);
+}
+
+// Decode attention, BF16 q / out / pages, hq 32, hk 8, hd 128, pages of 16:
+// `sets` page tables over disjoint pages of one pool (pages shuffled, as in
+// a pool that has served many requests; the pool spans >= 1 GiB so that
+// repeated calls read device memory, not L2). Timed as graph replays of
+// back-to-back calls cycling over the sets (the engine replays decode steps
+// as graphs), so launch gaps are not counted; the time includes the split
+// merge kernel when the plan splits. Returns microseconds per call and sets
+// kv_bytes (K + V bytes one call must read).
+double time_decode_attention(ops::Backend& be, int batch, int ctx, size_t& kv_bytes, int& sets) {
+  const int hq = 32, hk = 8, hd = 128, bs = 16;
+  const int pages_per_seq = (ctx + bs - 1) / bs;
+  const size_t page_bytes = size_t{bs} * hk * hd * 2;  // one page of K (or V)
+  kv_bytes = 2 * page_bytes * static_cast<size_t>(pages_per_seq) * static_cast<size_t>(batch);
+  sets = static_cast<int>(std::clamp<size_t>(((size_t{1} << 30) + kv_bytes - 1) / kv_bytes, 1, 64));
+  const int64_t num_blocks = int64_t{sets} * batch * pages_per_seq;
+  Buf kc(be, static_cast<size_t>(num_blocks) * page_bytes), vc(be, static_cast<size_t>(num_blocks) * page_bytes);
+  Buf q(be, size_t{2} * batch * hq * hd), out(be, size_t{2} * batch * hq * hd);
+  ops::LayerKv kv;
+  kv.k = Tensor(kc.p, DType::kBF16, {num_blocks, bs, hk, hd}, Device::kCuda);
+  kv.v = Tensor(vc.p, DType::kBF16, {num_blocks, bs, hk, hd}, Device::kCuda);
+  Tensor qt(q.p, DType::kBF16, {batch, hq, hd}, Device::kCuda);
+  Tensor ot(out.p, DType::kBF16, {batch, hq, hd}, Device::kCuda);
+  be.fill_uniform(kv.k, 1, -2.0f, 2.0f);
+  be.fill_uniform(kv.v, 2, -2.0f, 2.0f);
+  be.fill_uniform(qt, 3, -2.0f, 2.0f);
+
+  std::vector<int32_t> perm(static_cast<size_t>(num_blocks));
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), std::mt19937(7));
+  std::vector<int32_t> qptr{0}, kvl, bptr{0}, pos;
+  for (int s = 0; s < batch; ++s) {
+    qptr.push_back(s + 1);
+    kvl.push_back(ctx);
+    pos.push_back(ctx - 1);
+    bptr.push_back((s + 1) * pages_per_seq);
+  }
+  int32_t* d_qptr = upload_ints(be, qptr);
+  int32_t* d_kvl = upload_ints(be, kvl);
+  int32_t* d_bptr = upload_ints(be, bptr);
+  int32_t* d_pos = upload_ints(be, pos);
+  std::vector<int32_t*> d_bidx;
+  std::vector<ops::AttentionBatch> batches;
+  const size_t per_set = static_cast<size_t>(batch) * static_cast<size_t>(pages_per_seq);
+  for (size_t set = 0; set < static_cast<size_t>(sets); ++set) {
+    d_bidx.push_back(upload_ints(be, std::vector<int32_t>(perm.begin() + static_cast<ptrdiff_t>(set * per_set),
+                                                         perm.begin() + static_cast<ptrdiff_t>((set + 1) * per_set))));
+    ops::AttentionBatch b;
+    b.num_seqs = batch;
+    b.num_tokens = batch;
+    b.max_q_len = 1;
+    b.max_kv_len = ctx;
+    b.q_indptr = d_qptr;
+    b.kv_lens = d_kvl;
+    b.block_indptr = d_bptr;
+    b.block_indices = d_bidx.back();
+    b.positions = d_pos;
+    batches.push_back(b);
+  }
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  for (const auto& b : batches) be.paged_attention(qt, kv, b, scale, 0, ot);  // eager: reserves buffers
+  be.synchronize();
+  const int per_graph = sets * std::max(1, (16 + sets - 1) / sets);
+  double us = 0;
+  std::unique_ptr<ops::Backend::Graph> graph;
+  if (be.supports_graphs()) {
+    be.begin_capture();
+    for (int i = 0; i < per_graph; ++i) be.paged_attention(qt, kv, batches[static_cast<size_t>(i % sets)], scale, 0, ot);
+    graph = be.end_capture();
+  }
+  if (graph) {
+    graph->launch();
+    be.synchronize();
+    std::vector<double> t;
+    for (int r = 0; r < 5; ++r) {
+      const uint64_t a = be.timer_mark();
+      graph->launch();
+      const uint64_t b = be.timer_mark();
+      t.push_back(be.timer_elapsed_ms(a, b) * 1e3 / per_graph);
+    }
+    std::sort(t.begin(), t.end());
+    us = t[t.size() / 2];
+  } else {
+    size_t i = 0;
+    us = median_us(be, 20, [&] { be.paged_attention(qt, kv, batches[i++ % batches.size()], scale, 0, ot); });
+  }
+  graph.reset();
+  for (int32_t* p : d_bidx) be.free(p);
+  for (int32_t* p : {d_qptr, d_kvl, d_bptr, d_pos}) be.free(p);
+  return us;
+}
+
+// The sweep of the issue (batch x context), then forced split counts at a
+// few shapes (the evidence for the split plan). Rate: K + V bytes read per
+// call / time, and its share of the copy ceiling (read + write bytes / time
+// of a device copy: docs/PERF.md's convention).
+void decode_attention_sweep(ops::Backend& be, double copy_gbs) {
+  const char* env = std::getenv("OSPREY_DECODE_ATTENTION");
+  const std::string kernel = env != nullptr && std::strcmp(env, "simt") == 0 ? "simt" : "default";
+  std::printf("decode attention, BF16, hq 32 hk 8 hd 128, block_size 16, kernel %s\n", kernel.c_str());
+  std::printf("%-8s %-6s %6s %6s %10s %10s %8s\n", "batch", "ctx", "splits", "sets", "us", "GB/s KV", "% copy");
+  std::vector<std::pair<int, int>> shapes;
+  for (int batch : {1, 8, 32, 64, 128})
+    for (int ctx : {512, 1024, 4096, 16384}) shapes.emplace_back(batch, ctx);
+  shapes.emplace_back(56, 544);  // the offline-bench profile point (docs/PERF.md)
+  auto report = [&](ops::Backend& b, int batch, int ctx, const char* splits) {
+    size_t kv_bytes = 0;
+    int sets = 0;
+    const double us = time_decode_attention(b, batch, ctx, kv_bytes, sets);
+    const double gbs = static_cast<double>(kv_bytes) / us / 1e3;
+    std::printf("%-8d %-6d %6s %6d %10.1f %10.1f %7.1f%%\n", batch, ctx, splits, sets, us, gbs, 100.0 * gbs / copy_gbs);
+  };
+  for (auto [batch, ctx] : shapes) report(be, batch, ctx, "plan");
+  if (kernel == "simt") return;
+  for (int splits : {1, 2, 3, 4, 8, 16, 32, 64}) {
+    cuda::CudaBackendOptions o;
+    o.attention_splits = splits;
+    auto forced = cuda::make_cuda_backend(o);
+    if (!forced) return;
+    const std::string label = std::to_string(splits);
+    for (auto [batch, ctx] : {std::pair{1, 16384}, std::pair{8, 4096}, std::pair{32, 512}, std::pair{56, 544},
+                              std::pair{64, 1024}}) {
+      report(*forced, batch, ctx, label.c_str());
+    }
+  }
+}
+
+double copy_ceiling(ops::Backend& be) {
+  // Copy bandwidth: device-to-device, 1 GiB (read + write counted).
+  const size_t bytes = size_t{1} << 30;
+  Buf a(be, bytes), b(be, bytes);
+  const double us = median_us(be, 10, [&] {
+    cudaMemcpyAsync(b.p, a.p, bytes, cudaMemcpyDeviceToDevice, nullptr);
+    cudaDeviceSynchronize();
+  });
+  const double gbs = 2.0 * bytes / us / 1e3;
+  row("copy d2d", "1 GiB", us, gbs, "GB/s (ceiling)");
+  return gbs;
+}
+
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
   auto be = cuda::make_cuda_backend({});
   if (!be) return 1;
   std::printf("device: %s\n", be->name());
   std::printf("%-34s %-30s %10s %9s\n", "op", "shape", "us", "rate");
-
-  // Copy bandwidth: device-to-device, 1 GiB (read + write counted).
-  double copy_gbs = 0;
-  {
-    const size_t bytes = size_t{1} << 30;
-    Buf a(*be, bytes), b(*be, bytes);
-    const double us = median_us(*be, 10, [&] {
-      cudaMemcpyAsync(b.p, a.p, bytes, cudaMemcpyDeviceToDevice, nullptr);
-      cudaDeviceSynchronize();
-    });
-    copy_gbs = 2.0 * bytes / us / 1e3;
-    row("copy d2d", "1 GiB", us, copy_gbs, "GB/s (ceiling)");
+  if (argc > 1 && std::strcmp(argv[1], "decode-attention") == 0) {
+    const double copy_gbs = copy_ceiling(*be);
+    decode_attention_sweep(*be, copy_gbs);
+    std::printf("copy ceiling %.0f GB/s\n", copy_gbs);
+    return 0;
   }
+
+  const double copy_gbs = copy_ceiling(*be);
 
   // Matmul: decode (n = 1) is weight-bound; prefill (n = 2048) compute-bound.
   const int64_t d = 4096, f = 14336;
@@ -137,6 +288,7 @@ int main() {
     for (const int32_t* p : {b.q_indptr, b.kv_lens, b.block_indptr, b.block_indices, b.positions})
       be->free(const_cast<int32_t*>(p));
   }
+  decode_attention_sweep(*be, copy_gbs);
   std::printf("copy ceiling %.0f GB/s\n", copy_gbs);
   return 0;
 }

@@ -12,9 +12,6 @@ namespace {
 // A split below this many keys costs more in the merge than it saves.
 constexpr int kMinKeysPerSplit = 256;
 constexpr int kMaxSplits = 32;
-// The decode kernel's splits are cheaper to merge: fill the SMs sooner.
-constexpr int kMinKeysPerDecodeSplit = 64;
-constexpr int kMaxDecodeSplits = 64;
 
 bool is_kv_dtype(DType t) {
   return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16;
@@ -35,7 +32,7 @@ void check_cache(const ops::LayerKv& kv, int64_t hk, int64_t hd) {
 
 void CudaBackend::kv_write(const Tensor& k, const Tensor& v, const ops::AttentionBatch& batch, ops::LayerKv& kv) {
   OSP_CHECK_MSG(k.dtype() == v.dtype() && supports_activation_dtype(k.dtype()),
-                "kv_write k, v must be F32 or BF16 (same dtype)");
+                "kv_write k, v must be F32, BF16 or F16 (same dtype)");
   OSP_CHECK_MSG(k.device() == Device::kCuda && v.device() == Device::kCuda, "kv_write k, v must be on the device");
   OSP_CHECK_EQ(k.ndim(), 3);
   OSP_CHECK_EQ(v.ndim(), 3);
@@ -52,7 +49,7 @@ void CudaBackend::kv_write(const Tensor& k, const Tensor& v, const ops::Attentio
 void CudaBackend::paged_attention(const Tensor& q, const ops::LayerKv& kv, const ops::AttentionBatch& batch,
                                   float scale, int sliding_window, Tensor& out) {
   OSP_CHECK_MSG(q.dtype() == out.dtype() && supports_activation_dtype(q.dtype()),
-                "paged_attention q, out must be F32 or BF16 (same dtype)");
+                "paged_attention q, out must be F32, BF16 or F16 (same dtype)");
   OSP_CHECK_MSG(q.device() == Device::kCuda && out.device() == Device::kCuda,
                 "paged_attention q, out must be on the device");
   OSP_CHECK_EQ(q.ndim(), 3);
@@ -101,12 +98,13 @@ void CudaBackend::paged_attention(const Tensor& q, const ops::LayerKv& kv, const
 
   const bool decode_kernel = decode && decode_attention_supported(a);
   int splits = options_.attention_splits;
-  if (splits <= 0 && decode) {
-    const int64_t blocks =
-        int64_t{batch.num_seqs} * (decode_kernel ? 1 : attention_tiles_per_seq(1, hq / hk)) * hk;
-    splits = static_cast<int>(std::clamp<int64_t>((2 * int64_t{num_sms_} + blocks - 1) / blocks, 1,
-                                                  decode_kernel ? kMaxDecodeSplits : kMaxSplits));
-    a.min_keys_per_split = decode_kernel ? kMinKeysPerDecodeSplit : kMinKeysPerSplit;
+  if (splits <= 0 && decode_kernel) {
+    plan_decode_splits(a, num_sms_);  // the decode kernels' own plan (decode_attention.cu)
+    splits = a.num_splits;
+  } else if (splits <= 0 && decode) {
+    const int64_t blocks = int64_t{batch.num_seqs} * attention_tiles_per_seq(1, hq / hk) * hk;
+    splits = static_cast<int>(std::clamp<int64_t>((2 * int64_t{num_sms_} + blocks - 1) / blocks, 1, kMaxSplits));
+    a.min_keys_per_split = kMinKeysPerSplit;
   } else if (splits <= 0) {
     // Split the KV range when the tiles alone leave most SMs idle (the
     // tensor-core prefill kernel does not split).

@@ -1,22 +1,50 @@
 // Paged attention for decode steps (one query token per sequence), split
 // along the sequence (FlashDecoding) and GQA-aware: a block owns one
 // (sequence, KV head, split) and all G = hq / hk query heads of that KV
-// head, so each K/V row is read from memory once per step.
+// head, so each K/V row is read from memory once per step. With
+// num_splits > 1 the block writes unnormalised partials for combine_splits
+// (paged_attention.cu's format); otherwise the normalised output.
 //
-// Layout: 128 threads; a "lane group" of kLanes = hd / 8 threads holds one
-// key's row (8 dims = 16 bytes of a 16-bit page per thread), so a warp
-// covers 32 / kLanes keys at once and the block 4 * 32 / kLanes. Each lane
-// group walks its keys kUnroll at a time (all K and V loads issued before
-// use), keeping its own online-softmax state (m, l, acc) for the G heads;
-// the groups' states are merged through shared memory at the end. With
-// num_splits > 1 the block writes unnormalised partials for
-// combine_splits (paged_attention.cu's format).
+// Two kernels compute the same function:
 //
-// Graph contract: the grid depends on num_seqs, hk and num_splits only; a
+// * The tensor-core kernel (16-bit q/out and pages of the same dtype, the
+//   serving case). Four warps per block; warp w takes the block's key tiles
+//   w, w + 4, ... of kTileKeys = 16 keys (a whole page at block_size 16).
+//   Each warp streams its tiles with 16-byte cp.async into its own
+//   kStages-deep ring of shared-memory stages (K and V rows of 2 hd bytes,
+//   16-byte chunks XOR-swizzled by row so ldmatrix is conflict-free), so
+//   kStages - 1 tiles per warp are in flight while one is computed; the page
+//   table entry of the tile after next is loaded one iteration early. Scores
+//   S = Q K^T and the update O += P V are m16n8k16 mma.sync with the G query
+//   heads as rows 0..G-1 of the 16-row operand (the others zero): per 16
+//   keys 2 hd / 16 MMAs and hd / 8 ldmatrix.x4 per warp, so the instruction
+//   count per byte is a small fraction of the SIMT kernel's and the kernel
+//   is bound by the bytes in flight. The online softmax runs in the log2
+//   domain (fp32 scores times scale * log2 e) on the MMA accumulator layout:
+//   a score row lives in the 4 lanes of a quad, P is rounded to the 16-bit
+//   type for the P V product (as in FlashAttention), l and O stay fp32. The
+//   warps' states are merged through shared memory at the end.
+// * The SIMT kernel (any supported act / page dtype pair, e.g. F32). 128
+//   threads; a "lane group" of kLanes = hd / 8 threads holds one key's row
+//   (8 dims = 16 bytes of a 16-bit page per thread), so a warp covers
+//   32 / kLanes keys at once and the block 4 * 32 / kLanes. Each lane group
+//   walks its keys kUnroll at a time (all K and V loads issued before use),
+//   keeping its own online-softmax state (m, l, acc) for the G heads; the
+//   groups' states are merged through shared memory at the end.
+//
+// OSPREY_DECODE_ATTENTION=simt in the environment (read once) makes the SIMT
+// kernel run where the tensor-core one would: the A/B of gpu_op_bench.
+//
+// Graph contract: the grid depends on num_seqs, hk and num_splits only
+// (plan_decode_splits picks num_splits from num_seqs and the device); a
 // sequence's range [lo, hi) and its split's share are computed here from
 // kv_lens and positions in device memory.
 #include <algorithm>
+#include <atomic>
 #include <climits>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <type_traits>
 
 #include "backend/cuda/cuda_check.h"
@@ -25,6 +53,8 @@
 
 namespace osprey::cuda {
 namespace {
+
+// ---- SIMT kernel ---------------------------------------------------------------
 
 constexpr int kThreads = 128;
 constexpr int kUnroll = 4;
@@ -52,7 +82,7 @@ __device__ __forceinline__ void load8_kv(const KvT* p, float out[8]) {
 }
 
 template <int kHd, int kG, class KvT, class QT>
-__global__ void __launch_bounds__(kThreads) decode_attention_kernel(PagedAttentionArgs a) {
+__global__ void __launch_bounds__(kThreads) simt_decode_kernel(PagedAttentionArgs a) {
   constexpr int kLanes = kHd / 8;                // threads per key row
   constexpr int kGroups = kThreads / kLanes;     // lane groups in the block
   extern __shared__ float smem[];
@@ -191,32 +221,362 @@ __global__ void __launch_bounds__(kThreads) decode_attention_kernel(PagedAttenti
 }
 
 template <int kHd, int kG, class KvT, class QT>
-void launch_typed(const PagedAttentionArgs& a, cudaStream_t stream) {
+void launch_simt(const PagedAttentionArgs& a, cudaStream_t stream) {
   constexpr int kGroups = kThreads / (kHd / 8);
   constexpr size_t smem = sizeof(float) * (kG * kHd + kGroups * kG * kHd + 2 * kGroups * kG);
   static_assert(smem <= 48 * 1024, "decode attention shared memory");
   const dim3 grid(static_cast<unsigned>(a.num_seqs), static_cast<unsigned>(a.hk), static_cast<unsigned>(a.num_splits));
-  decode_attention_kernel<kHd, kG, KvT, QT><<<grid, kThreads, smem, stream>>>(a);
+  simt_decode_kernel<kHd, kG, KvT, QT><<<grid, kThreads, smem, stream>>>(a);
   OSP_CUDA_CHECK_LAUNCH();
 }
 
+// ---- tensor-core kernel -----------------------------------------------------------
+
+constexpr int kMmaWarps = 4;
+constexpr int kMmaThreads = 32 * kMmaWarps;
+constexpr int kTileKeys = 16;  // keys per warp tile
+constexpr int kStages = 3;     // shared-memory stages per warp (tiles in flight + 1)
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// Shared memory: the warps' stage rings [kMmaWarps][kStages][K, V][kTileKeys
+// rows of 2 kHd bytes], reused after the key loop for the merge
+// (sO [kMmaWarps][kG][kHd], sM, sL [kMmaWarps][kG], fp32).
+template <int kHd, int kG>
+constexpr size_t mma_smem_bytes() {
+  constexpr size_t pipe = size_t{kMmaWarps} * kStages * 2 * kTileKeys * kHd * 2;
+  constexpr size_t merge = sizeof(float) * kMmaWarps * kG * (kHd + 2);
+  return pipe > merge ? pipe : merge;
+}
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// 16-byte async copy; src_bytes == 0 writes zeros and reads nothing.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// m16n8k16 with fp32 accumulators for a 16-bit type T whose A operand has
+// rows 8..15 zero: a0 = A[g][2q, 2q + 1], a2 = A[g][2q + 8, 2q + 9] (g = lane
+// / 4, q = lane % 4); b0, b1 the B fragment; c[0..1] = C[g][2q, 2q + 1]
+// (c[2..3], rows g + 8, stay 0).
+template <class T>
+struct Mma16;
+template <>
+struct Mma16<__nv_bfloat16> {
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  }
+  static __device__ __forceinline__ void mma(float (&c)[4], uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+  }
+};
+template <>
+struct Mma16<__half> {
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  }
+  static __device__ __forceinline__ void mma(float (&c)[4], uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+  }
+};
+
+// Byte offset of 16-byte chunk c of key row r in a stage tile (rows of
+// kRowBytes; the chunk index XOR r % 8 spreads ldmatrix's 8 rows over the
+// banks).
+template <int kRowBytes>
+__device__ __forceinline__ int tile_offset(int r, int c) {
+  return r * kRowBytes + ((c ^ (r & 7)) << 4);
+}
+
+template <int kHd, int kG, class T>
+__global__ void __launch_bounds__(kMmaThreads) mma_decode_kernel(PagedAttentionArgs a) {
+  using M = Mma16<T>;
+  constexpr int kChunks = kHd / 8;                      // 16-byte chunks per key row
+  constexpr int kRowBytes = kHd * 2;
+  constexpr int kTileBytes = kTileKeys * kRowBytes;     // one K or V tile
+  constexpr int kRowsPerStep = 32 / kChunks;            // key rows one warp-wide copy step covers
+  constexpr int kCopySteps = kTileKeys / kRowsPerStep;  // 16-byte copies per lane per K (or V) tile
+  constexpr int kKSteps = kHd / 16;
+  constexpr int kNTiles = kHd / 8;
+  static_assert(kG >= 1 && kG <= 8, "query heads per KV head are rows 0..7 of the MMA");
+  extern __shared__ __align__(16) unsigned char mma_smem[];
+
+  const int seq = blockIdx.x;
+  const int kvh = blockIdx.y;
+  const int split = blockIdx.z;
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int g = lane / 4;  // MMA row: query head kvh * kG + g (g < kG)
+  const int qd = lane % 4;
+  const int token = a.q_indptr[seq];
+  const int kv_len = a.kv_lens[seq];
+  const int pos = a.positions[token];
+  int hi = min(pos + 1, kv_len);
+  const int lo = a.window > 0 ? max(0, pos - a.window + 1) : 0;
+  if (hi < lo) hi = lo;
+  const int span = hi - lo;
+  const int per_split = (span + a.num_splits - 1) / a.num_splits;
+  const int chunk = max((per_split + kTileKeys - 1) / kTileKeys * kTileKeys, a.min_keys_per_split);
+  const int my_lo = min(hi, lo + split * chunk);
+  const int my_hi = min(hi, my_lo + chunk);
+  const int num_tiles = (my_hi - my_lo + kTileKeys - 1) / kTileKeys;
+  const int my_tiles = num_tiles > warp ? (num_tiles - warp + kMmaWarps - 1) / kMmaWarps : 0;
+
+  // Q as the A operand (row g), as given (the scale goes on the fp32 scores).
+  uint32_t qa[kKSteps][2];
+  {
+    const T* q = static_cast<const T*>(a.q) + (static_cast<int64_t>(token) * a.hq + kvh * kG) * kHd;
+#pragma unroll
+    for (int kk = 0; kk < kKSteps; ++kk) {
+      qa[kk][0] = 0u;
+      qa[kk][1] = 0u;
+      if (g < kG) {
+        const T* r = q + g * kHd + 16 * kk + 2 * qd;
+        qa[kk][0] = M::pack(to_float(r[0]), to_float(r[1]));
+        qa[kk][1] = M::pack(to_float(r[8]), to_float(r[9]));
+      }
+    }
+  }
+  const float score_scale = a.scale * kLog2e;  // scores in the log2 domain
+
+  const int32_t* pages = a.block_indices + a.block_indptr[seq];
+  const unsigned char* kc = static_cast<const unsigned char*>(a.k_cache);
+  const unsigned char* vc = static_cast<const unsigned char*>(a.v_cache);
+  const int64_t slot_bytes = static_cast<int64_t>(a.hk) * kRowBytes;
+  const int64_t head_bytes = static_cast<int64_t>(kvh) * kRowBytes;
+  const int bs = a.block_size;
+  unsigned char* ring = mma_smem + static_cast<size_t>(warp) * kStages * 2 * kTileBytes;
+
+  // Slot of key row lane % 16 of this warp's tile i, or -1 past the range.
+  auto lookup = [&](int i) -> int {
+    const int key = my_lo + (warp + i * kMmaWarps) * kTileKeys + lane % kTileKeys;
+    return i < my_tiles && key < my_hi ? pages[key / bs] * bs + key % bs : -1;
+  };
+  // Starts the copies of tile i's K and V rows into stage i % kStages; rows
+  // past the range are zero-filled (P is 0 there, and 0 * garbage could be NaN).
+  auto issue = [&](int i, int slot) {
+    unsigned char* sk = ring + (i % kStages) * 2 * kTileBytes;
+    unsigned char* sv = sk + kTileBytes;
+    const int c = lane % kChunks;
+#pragma unroll
+    for (int j = 0; j < kCopySteps; ++j) {
+      const int r = lane / kChunks + j * kRowsPerStep;
+      const int s = __shfl_sync(0xffffffffu, slot, r);
+      const int64_t src = s >= 0 ? s * slot_bytes + head_bytes + c * 16 : 0;
+      const int bytes = s >= 0 ? 16 : 0;
+      const int off = tile_offset<kRowBytes>(r, c);
+      cp_async16(sk + off, kc + src, bytes);
+      cp_async16(sv + off, vc + src, bytes);
+    }
+  };
+
+  float m_run = -INFINITY;  // running max of row g (log2 domain), same in the quad
+  float l_run = 0.0f;       // this lane's share of row g's sum
+  float o[kNTiles][4];
+#pragma unroll
+  for (int n = 0; n < kNTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < my_tiles) issue(s, lookup(s));
+    cp_async_commit();
+  }
+  int slot_next = lookup(kStages - 1);
+  for (int i = 0; i < my_tiles; ++i) {
+    {
+      const int t = i + kStages - 1;
+      if (t < my_tiles) issue(t, slot_next);
+      cp_async_commit();
+      slot_next = lookup(t + 1);
+    }
+    cp_async_wait<kStages - 1>();  // tile i has landed
+    __syncwarp();
+    const unsigned char* sk = ring + (i % kStages) * 2 * kTileBytes;
+    const unsigned char* sv = sk + kTileBytes;
+
+    // S[g][key] for keys 2qd, 2qd + 1 (s[0]) and 8 + 2qd, 9 + 2qd (s[1]).
+    float s[2][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < kKSteps; ++kk) {
+      uint32_t b[4];
+      const int r = (lane & 7) + ((lane >> 4) << 3);
+      ldmatrix_x4(b, sk + tile_offset<kRowBytes>(r, 2 * kk + ((lane >> 3) & 1)));
+      M::mma(s[0], qa[kk][0], qa[kk][1], b[0], b[1]);
+      M::mma(s[1], qa[kk][0], qa[kk][1], b[2], b[3]);
+    }
+    const int key0 = my_lo + (warp + i * kMmaWarps) * kTileKeys + 2 * qd;
+    float mt = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        s[j][e] = key0 + 8 * j + e < my_hi ? s[j][e] * score_scale : -INFINITY;
+        mt = fmaxf(mt, s[j][e]);
+      }
+    mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
+    mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 2));
+    // The tile's first key is in range, so m_new is finite.
+    const float m_new = fmaxf(m_run, mt);
+    const float alpha = fast_exp2(m_run - m_new);  // 0 on the first tile
+    m_run = m_new;
+    float p[2][2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) p[j][e] = fast_exp2(s[j][e] - m_new);  // 0 past the range
+    l_run = l_run * alpha + ((p[0][0] + p[0][1]) + (p[1][0] + p[1][1]));
+#pragma unroll
+    for (int n = 0; n < kNTiles; ++n) {
+      o[n][0] *= alpha;
+      o[n][1] *= alpha;
+    }
+    // P as the A operand: keys 0..7 are s[0]'s columns, 8..15 s[1]'s.
+    const uint32_t pa0 = M::pack(p[0][0], p[0][1]);
+    const uint32_t pa2 = M::pack(p[1][0], p[1][1]);
+#pragma unroll
+    for (int jj = 0; jj < kHd / 16; ++jj) {
+      uint32_t b[4];
+      const int r = (lane & 7) + (((lane >> 3) & 1) << 3);
+      ldmatrix_x4_trans(b, sv + tile_offset<kRowBytes>(r, 2 * jj + (lane >> 4)));
+      M::mma(o[2 * jj], pa0, pa2, b[0], b[1]);
+      M::mma(o[2 * jj + 1], pa0, pa2, b[2], b[3]);
+    }
+    __syncwarp();  // the stage is refilled by the next iteration's copies
+  }
+  cp_async_wait<0>();
+  l_run += __shfl_xor_sync(0xffffffffu, l_run, 1);
+  l_run += __shfl_xor_sync(0xffffffffu, l_run, 2);
+
+  // Merge the warps (a warp without tiles has m = -inf, l = 0, O = 0).
+  __syncthreads();  // every warp is done with its ring
+  float* sO = reinterpret_cast<float*>(mma_smem);  // [kMmaWarps][kG][kHd]
+  float* sM = sO + kMmaWarps * kG * kHd;       // [kMmaWarps][kG]
+  float* sL = sM + kMmaWarps * kG;             // [kMmaWarps][kG]
+  if (g < kG) {
+    float* row = sO + (warp * kG + g) * kHd + 2 * qd;
+#pragma unroll
+    for (int n = 0; n < kNTiles; ++n) {
+      row[8 * n] = o[n][0];
+      row[8 * n + 1] = o[n][1];
+    }
+    if (qd == 0) {
+      sM[warp * kG + g] = m_run;
+      sL[warp * kG + g] = l_run;
+    }
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < kG * kHd; i += kMmaThreads) {
+    const int h = i / kHd;
+    const int d = i - h * kHd;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kMmaWarps; ++w) mx = fmaxf(mx, sM[w * kG + h]);
+    float lsum = 0.0f, asum = 0.0f;
+    if (mx != -INFINITY) {
+#pragma unroll
+      for (int w = 0; w < kMmaWarps; ++w) {
+        const float wt = exp2f(sM[w * kG + h] - mx);  // 0 for warps without keys
+        lsum += wt * sL[w * kG + h];
+        asum += wt * sO[(w * kG + h) * kHd + d];
+      }
+    }
+    const int head = kvh * kG + h;
+    if (a.num_splits == 1) {
+      T* out = static_cast<T*>(a.out) + (static_cast<int64_t>(token) * a.hq + head) * kHd;
+      out[d] = from_float<T>(lsum > 0.0f ? asum / lsum : 0.0f);
+    } else {
+      const int64_t idx = (static_cast<int64_t>(split) * a.num_tokens + token) * a.hq + head;
+      a.part_acc[idx * kHd + d] = asum;
+      if (d == 0) {
+        a.part_ml[idx * 2] = mx == -INFINITY ? -INFINITY : mx * kLn2;  // natural-log units for the merge
+        a.part_ml[idx * 2 + 1] = lsum;
+      }
+    }
+  }
+}
+
+template <int kHd, int kG, class T>
+void launch_mma(const PagedAttentionArgs& a, cudaStream_t stream) {
+  constexpr size_t smem = mma_smem_bytes<kHd, kG>();
+  auto kernel = mma_decode_kernel<kHd, kG, T>;
+  if constexpr (smem > 48 * 1024) {
+    // Once per device (bit d: device d), so that the graph captures after
+    // the first eager call make no runtime calls beyond the launches.
+    static std::atomic<uint64_t> raised{0};
+    int dev = 0;
+    OSP_CUDA_CHECK(cudaGetDevice(&dev));
+    const uint64_t bit = dev >= 0 && dev < 64 ? uint64_t{1} << dev : 0;
+    if (bit == 0 || (raised.load(std::memory_order_relaxed) & bit) == 0) {
+      OSP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+      raised.fetch_or(bit, std::memory_order_relaxed);
+    }
+  }
+  const dim3 grid(static_cast<unsigned>(a.num_seqs), static_cast<unsigned>(a.hk), static_cast<unsigned>(a.num_splits));
+  kernel<<<grid, kMmaThreads, smem, stream>>>(a);
+  OSP_CUDA_CHECK_LAUNCH();
+}
+
+// ---- selection -------------------------------------------------------------------
+
 template <int kHd, class KvT, class QT>
-bool launch_for_group(const PagedAttentionArgs& a, cudaStream_t stream) {
+void launch_for_group(const PagedAttentionArgs& a, bool mma, cudaStream_t stream) {
+  auto go = [&](auto g) {
+    constexpr int kG = decltype(g)::value;
+    if constexpr (std::is_same_v<KvT, QT> && !std::is_same_v<KvT, float>) {
+      if (mma) {
+        launch_mma<kHd, kG, KvT>(a, stream);
+        return;
+      }
+    }
+    launch_simt<kHd, kG, KvT, QT>(a, stream);
+  };
   switch (a.hq / a.hk) {
     case 1:
-      launch_typed<kHd, 1, KvT, QT>(a, stream);
-      return true;
+      go(std::integral_constant<int, 1>{});
+      break;
     case 2:
-      launch_typed<kHd, 2, KvT, QT>(a, stream);
-      return true;
+      go(std::integral_constant<int, 2>{});
+      break;
     case 4:
-      launch_typed<kHd, 4, KvT, QT>(a, stream);
-      return true;
-    case 8:
-      launch_typed<kHd, 8, KvT, QT>(a, stream);
-      return true;
+      go(std::integral_constant<int, 4>{});
+      break;
     default:
-      return false;
+      go(std::integral_constant<int, 8>{});
+      break;
   }
 }
 
@@ -224,13 +584,47 @@ bool aligned16(const void* p) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
 
+bool simt_forced() {
+  static const bool forced = [] {
+    const char* v = std::getenv("OSPREY_DECODE_ATTENTION");
+    return v != nullptr && std::strcmp(v, "simt") == 0;
+  }();
+  return forced;
+}
+
+// The tensor-core kernel takes this step (decode_attention_supported holds).
+bool use_mma(const PagedAttentionArgs& a) {
+  return (a.act == DType::kBF16 || a.act == DType::kF16) && a.kv_dtype == a.act && !simt_forced();
+}
+
+// Split plan. The SIMT kernel: >= 2 blocks per SM, splits of >= 64 keys.
+// The tensor-core kernel: split only until there is one block per SM (it
+// holds 2 per SM at hd 128, 96 KB of stages each), splits of >= 64 keys (one
+// tile per warp). Measured on an H200 (gpu_op_bench decode-attention, forced
+// splits): every split beyond that costs more in partial writes, the merge
+// kernel and per-block start-up than the extra blocks gain, e.g. 56 seqs x
+// 544 keys 38.6 us unsplit vs 45.8 us in 2 splits; 8 x 4096 best at 3-4
+// splits (64 blocks), 1 x 16384 at 16-32.
+constexpr int kSimtBlocksPerSm = 2;
+constexpr int kMmaBlocksPerSm = 1;
+constexpr int kMinKeysPerDecodeSplit = 64;
+constexpr int kMaxDecodeSplits = 64;
+
 }  // namespace
 
 bool decode_attention_supported(const PagedAttentionArgs& a) {
   const int g = a.hk > 0 ? a.hq / a.hk : 0;
   return (a.hd == 64 || a.hd == 128) && (g == 1 || g == 2 || g == 4 || g == 8) && a.hq == g * a.hk &&
-         aligned16(a.k_cache) && aligned16(a.v_cache) && (a.act == DType::kF32 || a.act == DType::kBF16) &&
+         aligned16(a.k_cache) && aligned16(a.v_cache) &&
+         (a.act == DType::kF32 || a.act == DType::kBF16 || a.act == DType::kF16) &&
          (a.kv_dtype == DType::kF32 || a.kv_dtype == DType::kF16 || a.kv_dtype == DType::kBF16);
+}
+
+void plan_decode_splits(PagedAttentionArgs& a, int num_sms) {
+  const int64_t blocks = std::max<int64_t>(1, int64_t{a.num_seqs} * a.hk);
+  const int64_t target = int64_t{use_mma(a) ? kMmaBlocksPerSm : kSimtBlocksPerSm} * std::max(1, num_sms);
+  a.num_splits = static_cast<int>(std::clamp<int64_t>((target + blocks - 1) / blocks, 1, kMaxDecodeSplits));
+  a.min_keys_per_split = kMinKeysPerDecodeSplit;
 }
 
 void launch_decode_attention(const PagedAttentionArgs& a, cudaStream_t stream) {
@@ -238,11 +632,12 @@ void launch_decode_attention(const PagedAttentionArgs& a, cudaStream_t stream) {
   OSP_CHECK(a.num_tokens == a.num_seqs);
   OSP_CHECK(a.num_splits == 1 || (a.part_acc != nullptr && a.part_ml != nullptr));
   if (a.num_seqs == 0) return;
+  const bool mma = use_mma(a);
   OSP_DISPATCH_ACT(a.act, QT, OSP_DISPATCH_FLOAT(a.kv_dtype, KvT, {
                      if (a.hd == 64) {
-                       launch_for_group<64, KvT, QT>(a, stream);
+                       launch_for_group<64, KvT, QT>(a, mma, stream);
                      } else {
-                       launch_for_group<128, KvT, QT>(a, stream);
+                       launch_for_group<128, KvT, QT>(a, mma, stream);
                      }
                    }));
   if (a.num_splits > 1) launch_combine_splits(a, stream);
