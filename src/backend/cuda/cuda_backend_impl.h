@@ -13,6 +13,7 @@
 #include <map>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include <cublasLt.h>
 #include <cublas_v2.h>
@@ -73,7 +74,9 @@ class CudaBackend final : public ops::Backend {
   uint64_t timer_mark() override;
   double timer_elapsed_ms(uint64_t a, uint64_t b) override;
   DType default_activation_dtype() const override { return DType::kBF16; }
-  bool supports_activation_dtype(DType t) const override { return t == DType::kF32 || t == DType::kBF16; }
+  bool supports_activation_dtype(DType t) const override {
+    return t == DType::kF32 || t == DType::kBF16 || t == DType::kF16;
+  }
   void convert(const Tensor& src, Tensor& dst) override;
   void fill_uniform(Tensor& t, uint64_t seed, float lo, float hi) override;
   void qkv_rope_kv_write(const Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm, float eps,
@@ -92,14 +95,16 @@ class CudaBackend final : public ops::Backend {
   void gemm(const void* w, cudaDataType_t w_type, const void* x, cudaDataType_t x_type, int64_t n, int64_t m, int64_t k,
             float* out, int64_t ldo, bool accumulate);
   const float* device_inv_freq(const ops::RopeTable& table);
-  // BF16 GEMM through cuBLASLt: out[n, ldo] columns [0, m) (out_type BF16 or
-  // F32) = x[n, k] @ w[m, k]^T (+ out when accumulate), fp32 accumulation.
+  // 16-bit GEMM through cuBLASLt: out[n, ldo] columns [0, m) (out_type BF16,
+  // F16 or F32) = x[n, k] @ w[m, k]^T (+ out when accumulate), w and x both
+  // of in_type (BF16 or F16), fp32 accumulation.
   // The plan (descriptors, layouts, algorithm) is cached per shape and
   // pointer alignment, so only the first call of a shape queries the
   // heuristics. Falls back to cublasGemmEx when cuBLASLt offers no algorithm.
   void lt_gemm(const void* w, const void* x, int64_t n, int64_t m, int64_t k, DType out_type, void* out, int64_t ldo,
-               bool accumulate);
-  // matmul with BF16 activations (x BF16, out BF16 or F32), n above the GEMV threshold.
+               bool accumulate, DType in_type = DType::kBF16);
+  // matmul with 16-bit activations (x BF16 or F16, out x's dtype or F32), n
+  // above the GEMV threshold.
   void matmul_bf16(const Tensor& x, const Tensor& w, const float* bias, Tensor& out);
 
   struct LtPlan {
@@ -107,10 +112,18 @@ class CudaBackend final : public ops::Backend {
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
     cublasLtMatmulAlgo_t algo{};
     bool ok = false;  // false: no algorithm, use cublasGemmEx
+    bool tuned = false;  // algo settled: timed against the heuristic's other candidates, or not worth timing
   };
-  // (n, m, k, ldo, out dtype, accumulate, alignment of w | x << 16 | out << 32)
-  using LtKey = std::tuple<int64_t, int64_t, int64_t, int64_t, int, bool, uint64_t>;
-  const LtPlan& lt_plan(const LtKey& key);
+  // (n, m, k, ldo, out dtype, accumulate, alignment of w | x << 16 | out << 32, input dtype of w and x)
+  using LtKey = std::tuple<int64_t, int64_t, int64_t, int64_t, int, bool, uint64_t, int>;
+  LtPlan& lt_plan(const LtKey& key);
+  // Autotuning of a new plan and the heuristic's candidates: gemm/matmul.cpp.
+  void lt_tune(const LtKey& key, LtPlan& plan, const void* w, const void* x, void* out);
+  static std::vector<cublasLtMatmulHeuristicResult_t> lt_candidates(cublasLtHandle_t lt, cublasLtMatmulDesc_t desc,
+                                                                    cublasLtMatrixLayout_t la,
+                                                                    cublasLtMatrixLayout_t lb,
+                                                                    cublasLtMatrixLayout_t lc, uint64_t align,
+                                                                    int max_count);
 
   CudaBackendOptions options_;
   std::string error_;
@@ -120,10 +133,12 @@ class CudaBackend final : public ops::Backend {
   cublasHandle_t cublas_ = nullptr;
   cublasLtHandle_t lt_ = nullptr;
   std::map<LtKey, LtPlan> lt_plans_;
+  // Fastest timed algorithm per shape bucket (the key with n rounded up to a power of two); gemm/matmul.cpp.
+  std::map<LtKey, cublasLtMatmulAlgo_t> lt_best_;
 
   DeviceBuffer cublas_workspace_;
   DeviceBuffer act_scratch_;    // activations converted to F16/BF16
-  DeviceBuffer panel_scratch_;  // dequantised fp32 weight panels
+  DeviceBuffer panel_scratch_;  // dequantised weight panels (fp32, or the 16-bit activation dtype)
   DeviceBuffer attn_acc_;       // split attention partials
   DeviceBuffer attn_ml_;
   DeviceBuffer rope_freq_;                // inv_freq copied from host memory

@@ -1,8 +1,8 @@
 // Paged attention for prefill (and mixed) steps: BF16 q and BF16 pages,
 // head_dim 64 or 128. launch_prefill_attention runs the register-resident
 // mma.sync kernel (prefill_attention_mma.cu); this file keeps the earlier
-// wmma kernel, below, as the fallback for an unaligned out and as the
-// benchmark baseline:
+// wmma kernel, below, as the fallback for an unaligned out or a scale <= 0
+// and as the benchmark baseline:
 //
 // Work tile: 64 rows of one sequence and one KV head, row r = (query token
 // r / G, query head kv_head * G + r % G), G = hq / hk, so the query heads
@@ -289,7 +289,7 @@ void launch_prefill_attention_wmma(const PagedAttentionArgs& a, cudaStream_t str
 void launch_prefill_attention(const PagedAttentionArgs& a, cudaStream_t stream) {
   OSP_CHECK(prefill_attention_supported(a));
   if (a.num_tokens == 0 || a.num_seqs == 0 || a.max_q_len == 0) return;
-  if (aligned16(a.out)) {
+  if (aligned16(a.out) && a.scale > 0.0f) {  // the mma kernel folds a positive scale into its exponent
     launch_prefill_attention_mma(a, stream);
   } else {
     launch_prefill_attention_wmma(a, stream);

@@ -2,17 +2,24 @@
 // resident, FlashAttention-2 style: BF16 q and BF16 pages, head_dim 64 or
 // 128, mma.sync m16n8k16 (bf16 in, fp32 accumulate).
 //
-// Work tile: kM = 64 or 128 rows of one sequence and one KV head, row r =
-// (query token r / G, query head kv_head * G + r % G), G = hq / hk, so the
-// query heads sharing a KV head read each K/V tile once (GQA/MQA). Each warp
-// owns 16 * kR rows (kR = 1 or 2); S = Q K^T, the online-softmax state (row
-// max, row sum) and O stay in registers for the whole key loop, and Q too
-// when kQRegs. K/V tiles of kN = 32 or 64 keys are gathered through the page
-// table with cp.async (16 bytes, zero-filled past the key range) into a
-// double-buffered, padded shared-memory ring: tile t+1 loads while tile t
-// computes. A warp skips a key tile that none of its rows can see (causal /
-// window / length), and masks only tiles that straddle one of its rows'
-// ranges. Row r sees keys [max(0, pos - window + 1) if window else 0,
+// Work tile: kM = 16 * kR * kWarps rows (64 to 256) of one sequence and one
+// KV head, row r = (query token r / G, query head kv_head * G + r % G),
+// G = hq / hk, so the query heads sharing a KV head read each K/V tile once
+// (GQA/MQA). Each warp owns 16 * kR rows (kR = 1 or 2); S = Q K^T, the
+// online-softmax state (row max, row sum) and O stay in registers for the
+// whole key loop, and Q too when kQRegs. K/V tiles of kN = 32 to 128 keys
+// are gathered through the page table with cp.async (16 bytes, zero-filled
+// past the key range) into a double-buffered, padded shared-memory ring:
+// tile t+1 loads while tile t computes; the KV slots of tile t+2's keys are
+// looked up in the page table during tile t (into a small shared ring), so
+// issuing a tile's copies never waits on a global load. A warp skips a key
+// tile that none of its rows can see (causal / window / length), and masks
+// only tiles that straddle one of its rows' ranges (kept in shared memory,
+// not registers). Softmax in the log2 domain with the scale folded into one
+// FMA per score (requires scale > 0: max commutes with the scaling); O is
+// rescaled only when some row of the warp got a new maximum (exact: the
+// factor is 1 otherwise), which after the first few tiles is rare.
+// Row r sees keys [max(0, pos - window + 1) if window else 0,
 // min(pos + 1, kv_len)), pos = positions[token]: earlier pages (prefix
 // cache, earlier chunks) and variable lengths need nothing else. Rows
 // without keys get 0. The block shapes (launch_variant) compute the same
@@ -42,7 +49,9 @@ struct MmaLayout {
   static constexpr size_t k = q + sizeof(bf16) * kM * kP;          // sK [2][kN][kP]
   static constexpr size_t v = k + 2 * sizeof(bf16) * kN * kP;      // sV [2][kN][kP]
   static constexpr size_t range = v + 2 * sizeof(bf16) * kN * kP;  // int [kWarps][2]
-  static constexpr size_t bytes = range + sizeof(int) * kWarps * 2;
+  static constexpr size_t slot = range + sizeof(int) * kWarps * 2;  // int [2][kN]: KV slot per key, -1 past the range
+  static constexpr size_t rows = slot + sizeof(int) * 2 * kN;       // int [2][kM]: each row's key range [lo, hi)
+  static constexpr size_t bytes = rows + sizeof(int) * 2 * kM;
 };
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -126,6 +135,8 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
   bf16* sK = reinterpret_cast<bf16*>(smem + L::k);
   bf16* sV = reinterpret_cast<bf16*>(smem + L::v);
   int* sRange = reinterpret_cast<int*>(smem + L::range);
+  int* sSlot = reinterpret_cast<int*>(smem + L::slot);
+  int* sRows = reinterpret_cast<int*>(smem + L::rows);  // lo of row r at [r], hi at [kM + r]
 
   const int seq = blockIdx.x / tiles_per_seq;
   // Later row tiles see more keys: start them first.
@@ -162,18 +173,25 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
   }
   cp_async_commit();
 
-  // This thread's rows: wrow + 16 * r + g + 8 * h, h in {0, 1}; the warp's span.
-  int lo[kR][2], hi[kR][2];
+  // This thread's rows: wrow + 16 * r + g + 8 * h, h in {0, 1}; the warp's
+  // span. The per-row ranges go to shared memory (read only when a tile
+  // straddles them), which keeps registers for the accumulators.
   int wlo = INT_MAX, whi = INT_MIN, wmaxlo = INT_MIN, wminhi = INT_MAX;
 #pragma unroll
   for (int r = 0; r < kR; ++r) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      row_range(a, q_begin, group, total_rows, kv_len, row0 + wrow + 16 * r + g + 8 * h, lo[r][h], hi[r][h]);
-      wlo = min(wlo, lo[r][h]);
-      whi = max(whi, hi[r][h]);
-      wmaxlo = max(wmaxlo, lo[r][h]);
-      wminhi = min(wminhi, hi[r][h]);
+      int lo, hi;
+      const int brow = wrow + 16 * r + g + 8 * h;
+      row_range(a, q_begin, group, total_rows, kv_len, row0 + brow, lo, hi);
+      if (t4 == 0) {
+        sRows[brow] = lo;
+        sRows[kM + brow] = hi;
+      }
+      wlo = min(wlo, lo);
+      whi = max(whi, hi);
+      wmaxlo = max(wmaxlo, lo);
+      wminhi = min(wminhi, hi);
     }
   }
 #pragma unroll
@@ -227,8 +245,16 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
   const int64_t slot_stride = static_cast<int64_t>(a.hk) * kHd;
   const int64_t head_off = static_cast<int64_t>(kvh) * kHd;
 
-  // Gathers keys [kb, kb + kN) into ring slot buf; keys >= tile_hi are zeros.
-  auto load_tile = [&](int kb, int buf) {
+  static_assert(kN <= kThreads, "one key slot per thread");
+  // KV slot of key kp (-1 from tile_hi on): the page table, read from global memory.
+  auto slot_of = [&](int kp) {
+    if (kp >= tile_hi) return -1;
+    const int page = bs_pow2 ? kp >> bs_shift : kp / bs;
+    return pages[page] * bs + (kp - page * bs);
+  };
+  // Gathers keys [kb, kb + kN) (slots in sSlot[buf]) into ring slot buf;
+  // keys past the range are zeros.
+  auto load_tile = [&](int buf) {
     bf16* dk = sK + buf * kN * kP;
     bf16* dv = sV + buf * kN * kP;
 #pragma unroll
@@ -236,14 +262,12 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
       const int i = tid + n * kThreads;
       const int j = i / kChunks;
       const int c = i - j * kChunks;
-      const int kp = kb + j;
+      const int slot = sSlot[buf * kN + j];
       const bf16* srck = kc;
       const bf16* srcv = vc;
       int bytes = 0;
-      if (kp < tile_hi) {
-        const int page = bs_pow2 ? kp >> bs_shift : kp / bs;
-        const int within = bs_pow2 ? kp & (bs - 1) : kp - page * bs;
-        const int64_t off = static_cast<int64_t>(pages[page] * bs + within) * slot_stride + head_off + c * 8;
+      if (slot >= 0) {
+        const int64_t off = static_cast<int64_t>(slot) * slot_stride + head_off + c * 8;
         srck = kc + off;
         srcv = vc + off;
         bytes = 16;
@@ -254,13 +278,34 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
     cp_async_commit();
   };
 
-  if (tile_lo < tile_hi) load_tile(tile_lo, 0);
+  if (tile_lo < tile_hi) {  // block-uniform
+    if (tid < kN) {
+      sSlot[tid] = slot_of(tile_lo + tid);
+      sSlot[kN + tid] = slot_of(tile_lo + kN + tid);
+    }
+    __syncthreads();
+    load_tile(0);
+  }
   int buf = 0;
   for (int kb = tile_lo; kb < tile_hi; kb += kN, buf ^= 1) {
     cp_async_wait_all();
-    __syncthreads();  // tile kb landed for all; every warp is done with the other slot
-    if (kb + kN < tile_hi) load_tile(kb + kN, buf ^ 1);
-    if (kb >= whi || kb + kN <= wlo) continue;  // warp-uniform: no row of this warp sees these keys
+    // Tile kb landed for all; every warp is done with the other ring slot,
+    // and sSlot[buf ^ 1] (stored an iteration ago) is visible.
+    __syncthreads();
+    const bool more = kb + kN < tile_hi;
+    int next_slot = -1;  // key kb + 2 kN + tid: loaded now, stored into sSlot[buf] after this tile's compute
+    if (more) {
+      load_tile(buf ^ 1);
+      if (tid < kN) next_slot = slot_of(kb + 2 * kN + tid);
+    }
+    // sSlot[buf] (tile kb's slots) was last read before the barrier above.
+    auto store_next_slot = [&] {
+      if (more && tid < kN) sSlot[buf * kN + tid] = next_slot;
+    };
+    if (kb >= whi || kb + kN <= wlo) {  // warp-uniform: no row of this warp sees these keys
+      store_next_slot();
+      continue;
+    }
     const bf16* tk = sK + buf * kN * kP;
     const bf16* tv = sV + buf * kN * kP;
 
@@ -294,31 +339,42 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
       }
     }
 
-    // Scale, mask, online softmax; P (bf16) packed as the A operand of P V.
+    // Mask, online softmax (log2 domain, scale folded into the exponent's
+    // FMA); P (bf16) packed as the A operand of P V.
     const bool full = kb >= wmaxlo && kb + kN <= wminhi;
     uint32_t pa[kR][kN / 16][4];
 #pragma unroll
     for (int r = 0; r < kR; ++r) {
-      float mx[2] = {-INFINITY, -INFINITY};
+      if (!full) {
+        int rlo[2], rhi[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          rlo[h] = sRows[wrow + 16 * r + g + 8 * h];
+          rhi[h] = sRows[kM + wrow + 16 * r + g + 8 * h];
+        }
+#pragma unroll
+        for (int i = 0; i < kST; ++i) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int col = kb + i * 8 + t4 * 2 + (e & 1);
+            if (col < rlo[e >> 1] || col >= rhi[e >> 1]) s[r][i][e] = -INFINITY;
+          }
+        }
+      }
+      float mx[2] = {-INFINITY, -INFINITY};  // of the raw scores
 #pragma unroll
       for (int i = 0; i < kST; ++i) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float v = s[r][i][e] * scale2;
-          if (!full) {
-            const int col = kb + i * 8 + t4 * 2 + (e & 1);
-            v = col >= lo[r][e >> 1] && col < hi[r][e >> 1] ? v : -INFINITY;
-          }
-          s[r][i][e] = v;
-          mx[e >> 1] = fmaxf(mx[e >> 1], v);
-        }
+        for (int e = 0; e < 4; ++e) mx[e >> 1] = fmaxf(mx[e >> 1], s[r][i][e]);
       }
       float mu[2], alpha[2];
+      bool grew = false;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
         mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-        const float mn = fmaxf(m[r][h], mx[h]);
+        const float mn = fmaxf(m[r][h], mx[h] * scale2);  // scale2 > 0, so max(s) * scale2 = max(s * scale2)
+        grew |= mn != m[r][h];
         // A row with no key so far keeps max -inf: subtract 0 so p = exp2(-inf) = 0.
         mu[h] = mn == -INFINITY ? 0.0f : mn;
         alpha[h] = fast_exp2(m[r][h] - mu[h]);
@@ -329,18 +385,22 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
       for (int i = 0; i < kST; ++i) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          s[r][i][e] = fast_exp2(s[r][i][e] - mu[e >> 1]);
+          s[r][i][e] = fast_exp2(fmaf(s[r][i][e], scale2, -mu[e >> 1]));
           ps[e >> 1] += s[r][i][e];
         }
       }
 #pragma unroll
       for (int h = 0; h < 2; ++h) l[r][h] = l[r][h] * alpha[h] + ps[h];
+      // alpha == 1 exactly for rows whose max did not grow: skip the O
+      // rescale when that holds for the whole warp (warp-uniform branch).
+      if (__any_sync(0xffffffffu, grew)) {
 #pragma unroll
-      for (int i = 0; i < kDT; ++i) {
-        o[r][i][0] *= alpha[0];
-        o[r][i][1] *= alpha[0];
-        o[r][i][2] *= alpha[1];
-        o[r][i][3] *= alpha[1];
+        for (int i = 0; i < kDT; ++i) {
+          o[r][i][0] *= alpha[0];
+          o[r][i][1] *= alpha[0];
+          o[r][i][2] *= alpha[1];
+          o[r][i][3] *= alpha[1];
+        }
       }
 #pragma unroll
       for (int kk = 0; kk < kN / 16; ++kk) {
@@ -365,6 +425,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
         }
       }
     }
+    store_next_slot();
   }
 
   // out = O / l, staged through the warp's own rows of sQ for 16-byte stores.
@@ -424,6 +485,9 @@ void launch_variant(const PagedAttentionArgs& a, cudaStream_t stream, int varian
     case 3: return launch_mma_typed<kHd, 4, 2, 32, false, 1>(a, stream);
     case 4: return launch_mma_typed<kHd, 4, 2, 64, false, 1>(a, stream);
     case 5: return launch_mma_typed<kHd, 8, 2, 32, false, 1>(a, stream);
+    case 7: return launch_mma_typed<kHd, 8, 1, 128, true, 1>(a, stream);
+    case 8: return launch_mma_typed<kHd, 12, 1, 48, false, 1>(a, stream);
+    case 9: return launch_mma_typed<kHd, 4, 2, 48, false, 1>(a, stream);
     default: return launch_mma_typed<kHd, 4, 1, 32, false, 3>(a, stream);
   }
 }
@@ -434,17 +498,20 @@ void launch_prefill_attention_mma(const PagedAttentionArgs& a, cudaStream_t stre
   OSP_CHECK(a.hd == 64 || a.hd == 128);
   OSP_CHECK(variant >= 0 && variant < kNumPrefillMmaVariants);
   if (variant == 0) {
-    // Measured on an H200 (docs/cuda.md): 64-row blocks for short prompts;
-    // 128-row blocks of 8 warps x 16 rows while that gives few waves of
-    // blocks; 4 warps x 32 rows once there are many (sooner for hd 64).
+    // Measured on an H200 (2026-11-26, every shape in one run; causal,
+    // hq 32 / hk 8): 64-row blocks for short prompts; 128-row blocks of 8
+    // warps x 16 rows with 128-key tiles while that gives few waves (1 x 2k
+    // and 1 x 4k tokens, hd 128 and 64: 196 / 269 / 222 TFLOP/s, within 2%
+    // of the best shape); 4 warps x 32 rows once there are many (1 x 8k and
+    // 4 x 2k, hd 128: 48-key tiles, 311 / 246 TFLOP/s; hd 64 keeps 64 keys).
     const int64_t rows = int64_t{a.max_q_len} * (a.hq / a.hk);
     const int64_t wide_blocks = int64_t{a.num_seqs} * ((rows + 127) / 128) * a.hk;
     if (rows < kRowsForWideTiles) {
       variant = 1;
-    } else if (wide_blocks < (a.hd == 64 ? kBlocksForTallWarps : 2 * kBlocksForTallWarps)) {
-      variant = 2;
+    } else if (wide_blocks < kBlocksForTallWarps) {
+      variant = 7;
     } else {
-      variant = 4;
+      variant = a.hd == 64 ? 4 : 9;
     }
   }
   if (a.hd == 64) {

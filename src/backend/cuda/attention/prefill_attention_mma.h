@@ -13,16 +13,19 @@ namespace osprey::cuda {
 // takes 128-row tiles instead of 64-row tiles: wider tiles halve the K/V
 // reads per row but leave SMs idle on short batches.
 constexpr int64_t kRowsForWideTiles = 1024;
-// Blocks of 128 rows (hd 64; twice as many for hd 128) from which the
-// automatic choice gives each warp 32 rows (two m16 tiles: half the K/V
-// fragment loads per MMA) instead of 16.
-constexpr int64_t kBlocksForTallWarps = 1024;
+// Blocks of 128 rows from which the automatic choice gives each warp 32
+// rows (two m16 tiles: half the K/V fragment loads per MMA; 2 blocks of 4
+// warps per SM) instead of 16 rows in one 8-warp block per SM (variant 7).
+constexpr int64_t kBlocksForTallWarps = 2048;
 
 // Block shapes of the mma kernel (warps x rows per warp, keys per tile):
 // 0 automatic, 1: 4 x 16 rows, 64 keys; 2: 8 x 16, 64; 3: 4 x 32, 32;
 // 4: 4 x 32, 64; 5: 8 x 32, 32; 6: 4 x 16, 32 with Q re-read from shared
-// memory (3 blocks per SM). All compute the same function.
-constexpr int kNumPrefillMmaVariants = 7;
+// memory (3 blocks per SM); 7: 8 x 16, 128 keys (half the per-tile softmax
+// and barrier overhead of 2); 8: 12 x 16, 48 keys, Q re-read from shared
+// memory (12 warps per SM in one block); 9: 4 x 32, 48 keys (4's shape in
+// fewer registers). All compute the same function.
+constexpr int kNumPrefillMmaVariants = 10;
 
 // Preconditions: prefill_attention_supported(a), a.out 16-byte aligned, at
 // least one query token.

@@ -1,13 +1,15 @@
 // CudaBackend::matmul: out[n, m] = x[n, k] @ w[m, k]^T (+ bias), any weight
-// dtype; activations F32 (out F32) or BF16 (out BF16, or F32 for logits).
+// dtype; activations F32 (out F32) or 16-bit BF16/F16 (out the activation
+// dtype, or F32 for logits).
 //
 // Paths (the row thresholds are where a GEMM starts to beat re-reading the
 // weights once per kGemvRowsPerPass rows):
 //   n <= kDenseGemvMaxRows (F32/F16/BF16) or kQuantGemvMaxRows (quantised):
 //     own GEMV kernels (gemm/gemv.cu), fp32 accumulation;
-//   BF16 activations: BF16 weights straight into cuBLASLt (bf16 in, fp32
-//     accumulate, BF16/F32 out, plans cached per shape); other weight dtypes
-//     in panels dequantised to BF16 scratch, then cuBLASLt per panel;
+//   BF16/F16 activations: weights of the activation dtype straight into
+//     cuBLASLt (16-bit in, fp32 accumulate, 16-bit/F32 out, plans cached per
+//     shape and dtypes); other weight dtypes in panels dequantised to the
+//     activation dtype in scratch, then cuBLASLt per panel;
 //   F32 activations (the exact fp32 mode):
 //     F32 weights: cuBLAS SGEMM (fp32 compute, no TF32);
 //     F16/BF16 weights: activations converted to the weight dtype, cuBLAS with
@@ -16,8 +18,12 @@
 //     quantised weights: panels of weight rows dequantised to fp32 scratch,
 //       then SGEMM per panel.
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <string>
+#include <vector>
 
 #include "backend/cuda/cuda_backend_impl.h"
 #include "backend/cuda/kernels.h"
@@ -31,6 +37,45 @@ constexpr int64_t kQuantGemvMaxRows = 4 * kGemvRowsPerPass;
 // fp32 elements of one dequantised weight panel (64 MiB).
 constexpr int64_t kPanelElems = int64_t{16} << 20;
 constexpr size_t kLtWorkspaceBytes = size_t{32} << 20;  // == the cuBLAS workspace the backend reserves
+// Autotuning (lt_gemm): the first call of a shape with at least
+// kLtTuneMinRows rows times the heuristic's first kLtCandidates algorithms
+// on the call's own operands (kLtTuneReps runs each after one warm-up) and
+// keeps the fastest. The winner is remembered per bucket of n (rounded up to
+// a power of two) and reused, after cublasLtMatmulAlgoCheck, for the other
+// n of that bucket, so a server that sees many token counts times each
+// weight shape a few times, not once per count. Not timed: calls inside
+// graph capture (the engine runs every graph's shape eagerly first, so the
+// plan is settled before it is captured) and accumulating calls (beta = 1:
+// repeated runs would change out).
+constexpr int kLtCandidates = 8;
+constexpr int64_t kLtTuneMinRows = 16;
+constexpr int kLtTuneReps = 3;
+
+// OSPREY_LT_AUTOTUNE=0: no timing, the heuristic's first choice (for A/B
+// runs); =log: also print each timed shape (stderr).
+enum class TuneMode { kOff, kOn, kLog };
+TuneMode tune_mode() {
+  static const TuneMode mode = [] {
+    const char* v = std::getenv("OSPREY_LT_AUTOTUNE");
+    if (v != nullptr && std::strcmp(v, "0") == 0) return TuneMode::kOff;
+    if (v != nullptr && std::strcmp(v, "log") == 0) return TuneMode::kLog;
+    return TuneMode::kOn;
+  }();
+  return mode;
+}
+
+int algo_attr(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttributes_t attr) {
+  int v = -1;
+  size_t written = 0;
+  if (cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &v, sizeof(v), &written) != CUBLAS_STATUS_SUCCESS) return -1;
+  return v;
+}
+
+int64_t tune_bucket(int64_t n) {
+  int64_t b = kLtTuneMinRows;
+  while (b < n) b <<= 1;
+  return b;
+}
 
 // Largest power of two (<= 256) dividing the address: what cuBLASLt may assume.
 uint64_t alignment_of(const void* p) {
@@ -83,21 +128,38 @@ void CudaBackend::gemm(const void* w, cudaDataType_t w_type, const void* x, cuda
                                 CUBLAS_GEMM_DEFAULT));
 }
 
-const CudaBackend::LtPlan& CudaBackend::lt_plan(const LtKey& key) {
+CudaBackend::LtPlan& CudaBackend::lt_plan(const LtKey& key) {
   auto it = lt_plans_.find(key);
   if (it != lt_plans_.end()) return it->second;
-  const auto [n, m, k, ldo, out_type, accumulate, align] = key;
+  const auto [n, m, k, ldo, out_type, accumulate, align, in_type] = key;
   (void)accumulate;
+  const cudaDataType_t ab_type = cuda_type(static_cast<DType>(in_type));
   LtPlan plan;
   OSP_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t op_t = CUBLAS_OP_T, op_n = CUBLAS_OP_N;
   OSP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_t, sizeof(op_t)));
   OSP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_n, sizeof(op_n)));
   // Column-major view: out^T [m, n] (ld ldo) = (w as [k, m])^T * (x as [k, n]).
-  OSP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.a, CUDA_R_16BF, static_cast<uint64_t>(k), static_cast<uint64_t>(m), k));
-  OSP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.b, CUDA_R_16BF, static_cast<uint64_t>(k), static_cast<uint64_t>(n), k));
-  OSP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.c, cuda_type(static_cast<DType>(out_type)), static_cast<uint64_t>(m),
-                                              static_cast<uint64_t>(n), ldo));
+  OSP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.a, ab_type, static_cast<uint64_t>(k), static_cast<uint64_t>(m), k));
+  OSP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.b, ab_type, static_cast<uint64_t>(k), static_cast<uint64_t>(n), k));
+  OSP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.c, cuda_type(static_cast<DType>(out_type)),
+                                              static_cast<uint64_t>(m), static_cast<uint64_t>(n), ldo));
+  const auto cands = lt_candidates(lt_, plan.desc, plan.a, plan.b, plan.c, align, 1);
+  if (!cands.empty()) {
+    plan.algo = cands[0].algo;
+    plan.ok = true;
+  }
+  return lt_plans_.emplace(key, plan).first->second;
+}
+
+// Up to max_count algorithms the heuristic offers for the layouts, its best
+// guess first (empty when it offers none).
+std::vector<cublasLtMatmulHeuristicResult_t> CudaBackend::lt_candidates(cublasLtHandle_t lt,
+                                                                        cublasLtMatmulDesc_t desc,
+                                                                        cublasLtMatrixLayout_t la,
+                                                                        cublasLtMatrixLayout_t lb,
+                                                                        cublasLtMatrixLayout_t lc, uint64_t align,
+                                                                        int max_count) {
   cublasLtMatmulPreference_t pref = nullptr;
   OSP_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
   const size_t ws = kLtWorkspaceBytes;
@@ -113,47 +175,124 @@ const CudaBackend::LtPlan& CudaBackend::lt_plan(const LtKey& key) {
       cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof(al_c)));
   OSP_CUBLAS_CHECK(
       cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof(al_c)));
-  cublasLtMatmulHeuristicResult_t result{};
+  std::vector<cublasLtMatmulHeuristicResult_t> results(static_cast<size_t>(max_count));
   int count = 0;
   const cublasStatus_t st =
-      cublasLtMatmulAlgoGetHeuristic(lt_, plan.desc, plan.a, plan.b, plan.c, plan.c, pref, 1, &result, &count);
+      cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, lc, lc, pref, max_count, results.data(), &count);
   OSP_CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
-  if (st == CUBLAS_STATUS_SUCCESS && count > 0 && result.state == CUBLAS_STATUS_SUCCESS) {
-    plan.algo = result.algo;
-    plan.ok = true;
+  if (st != CUBLAS_STATUS_SUCCESS) count = 0;
+  results.resize(static_cast<size_t>(std::max(count, 0)));
+  std::erase_if(results, [](const cublasLtMatmulHeuristicResult_t& r) {
+    return r.state != CUBLAS_STATUS_SUCCESS || r.workspaceSize > kLtWorkspaceBytes;
+  });
+  return results;
+}
+
+void CudaBackend::lt_tune(const LtKey& key, LtPlan& plan, const void* w, const void* x, void* out) {
+  plan.tuned = true;  // settled now, whatever happens below: graph and eager calls of a shape agree
+  const int64_t n = std::get<0>(key);
+  const bool accumulate = std::get<5>(key);
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  OSP_CUDA_CHECK(cudaStreamIsCapturing(stream_, &capture));
+  if (!plan.ok || n < kLtTuneMinRows || accumulate || capture != cudaStreamCaptureStatusNone ||
+      tune_mode() == TuneMode::kOff) {
+    return;
   }
-  return lt_plans_.emplace(key, plan).first->second;
+  LtKey bucket_key = key;
+  std::get<0>(bucket_key) = tune_bucket(n);
+  if (auto it = lt_best_.find(bucket_key); it != lt_best_.end()) {
+    cublasLtMatmulHeuristicResult_t check{};
+    if (cublasLtMatmulAlgoCheck(lt_, plan.desc, plan.a, plan.b, plan.c, plan.c, &it->second, &check) ==
+            CUBLAS_STATUS_SUCCESS &&
+        check.state == CUBLAS_STATUS_SUCCESS && check.workspaceSize <= kLtWorkspaceBytes) {
+      plan.algo = it->second;
+      return;
+    }
+  }
+  const auto cands = lt_candidates(lt_, plan.desc, plan.a, plan.b, plan.c, std::get<6>(key), kLtCandidates);
+  if (cands.size() < 2) return;
+  const float alpha = 1.0f, beta = 0.0f;
+  cudaEvent_t e0 = nullptr, e1 = nullptr;
+  OSP_CUDA_CHECK(cudaEventCreate(&e0));
+  OSP_CUDA_CHECK(cudaEventCreate(&e1));
+  float best_ms = std::numeric_limits<float>::infinity(), first_ms = 0.0f;
+  size_t best_i = 0;
+  for (size_t ci = 0; ci < cands.size(); ++ci) {
+    const auto& c = cands[ci];
+    auto run = [&] {
+      return cublasLtMatmul(lt_, plan.desc, &alpha, w, plan.a, x, plan.b, &beta, out, plan.c, out, plan.c, &c.algo,
+                            cublas_workspace_.get(), kLtWorkspaceBytes, stream_);
+    };
+    if (run() != CUBLAS_STATUS_SUCCESS) continue;  // warm-up; a candidate that cannot run is skipped
+    OSP_CUDA_CHECK(cudaEventRecord(e0, stream_));
+    bool ok = true;
+    for (int r = 0; r < kLtTuneReps && ok; ++r) ok = run() == CUBLAS_STATUS_SUCCESS;
+    OSP_CUDA_CHECK(cudaEventRecord(e1, stream_));
+    OSP_CUDA_CHECK(cudaEventSynchronize(e1));
+    float ms = 0.0f;
+    OSP_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    if (ci == 0) first_ms = ok ? ms : 0.0f;
+    if (ok && ms < best_ms) {
+      best_ms = ms;
+      best_i = ci;
+      plan.algo = c.algo;
+    }
+  }
+  OSP_CUDA_CHECK(cudaEventDestroy(e0));
+  OSP_CUDA_CHECK(cudaEventDestroy(e1));
+  if (best_ms < std::numeric_limits<float>::infinity()) {
+    lt_best_.emplace(bucket_key, plan.algo);
+    if (tune_mode() == TuneMode::kLog) {
+      const auto [tn, tm, tk, ldo, out_type, acc, align, in_type] = key;
+      (void)ldo, (void)acc, (void)align;
+      std::fprintf(stderr,
+                   "lt autotune n=%lld m=%lld k=%lld %s->%s: %zu candidates, heuristic first %.1f us, best #%zu "
+                   "%.1f us (algo %d tile %d stages %d splitk %d)\n",
+                   static_cast<long long>(tn), static_cast<long long>(tm), static_cast<long long>(tk),
+                   std::string(dtype_name(static_cast<DType>(in_type))).c_str(),
+                   std::string(dtype_name(static_cast<DType>(out_type))).c_str(), cands.size(),
+                   1e3 * first_ms / kLtTuneReps, best_i, 1e3 * best_ms / kLtTuneReps,
+                   algo_attr(plan.algo, CUBLASLT_ALGO_CONFIG_ID), algo_attr(plan.algo, CUBLASLT_ALGO_CONFIG_TILE_ID),
+                   algo_attr(plan.algo, CUBLASLT_ALGO_CONFIG_STAGES_ID),
+                   algo_attr(plan.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM));
+    }
+  }
 }
 
 void CudaBackend::lt_gemm(const void* w, const void* x, int64_t n, int64_t m, int64_t k, DType out_type, void* out,
-                          int64_t ldo, bool accumulate) {
+                          int64_t ldo, bool accumulate, DType in_type) {
+  OSP_CHECK_MSG(in_type == DType::kBF16 || in_type == DType::kF16, "lt_gemm takes BF16 or F16 inputs");
   constexpr int64_t kMaxInt = std::numeric_limits<int>::max();
   OSP_CHECK(n <= kMaxInt && m <= kMaxInt && k <= kMaxInt && ldo <= kMaxInt);
   const float alpha = 1.0f;
   const float beta = accumulate ? 1.0f : 0.0f;
   const uint64_t align = alignment_of(w) | (alignment_of(x) << 16) | (alignment_of(out) << 32);
-  const LtPlan& plan = lt_plan(LtKey{n, m, k, ldo, static_cast<int>(out_type), accumulate, align});
+  const LtKey key{n, m, k, ldo, static_cast<int>(out_type), accumulate, align, static_cast<int>(in_type)};
+  LtPlan& plan = lt_plan(key);
+  if (!plan.tuned) lt_tune(key, plan, w, x, out);
   if (plan.ok) {
     OSP_CUBLAS_CHECK(cublasLtMatmul(lt_, plan.desc, &alpha, w, plan.a, x, plan.b, &beta, out, plan.c, out, plan.c,
                                     &plan.algo, cublas_workspace_.get(), kLtWorkspaceBytes, stream_));
     return;
   }
   OSP_CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(m), static_cast<int>(n),
-                                static_cast<int>(k), &alpha, w, CUDA_R_16BF, static_cast<int>(k), x, CUDA_R_16BF,
-                                static_cast<int>(k), &beta, out, cuda_type(out_type), static_cast<int>(ldo),
+                                static_cast<int>(k), &alpha, w, cuda_type(in_type), static_cast<int>(k), x,
+                                cuda_type(in_type), static_cast<int>(k), &beta, out, cuda_type(out_type),
+                                static_cast<int>(ldo),
                                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 void CudaBackend::matmul_bf16(const Tensor& x, const Tensor& w, const float* b, Tensor& out) {
   const int64_t m = w.dim(0), k = w.dim(1), n = x.rows();
   const DType ot = out.dtype();
+  const DType xt = x.dtype();  // BF16 or F16: the GEMM's input dtype
   if (b) launch_fill_rows(b, n, m, ot, out.data(), m, stream_);
   const bool accumulate = b != nullptr;
-  if (w.dtype() == DType::kBF16) {
-    lt_gemm(w.data(), x.data(), n, m, k, ot, out.data(), m, accumulate);
+  if (w.dtype() == xt) {
+    lt_gemm(w.data(), x.data(), n, m, k, ot, out.data(), m, accumulate, xt);
     return;
   }
-  // BF16 panels of weight rows; multiples of 128 rows keep each panel's
+  // 16-bit panels (dtype xt) of weight rows; multiples of 128 rows keep each panel's
   // output columns 256-byte aligned for cuBLASLt.
   int64_t panel_rows = std::clamp<int64_t>(2 * kPanelElems / k, 1, m);
   if (panel_rows < m && panel_rows > 128) panel_rows = panel_rows / 128 * 128;
@@ -162,18 +301,18 @@ void CudaBackend::matmul_bf16(const Tensor& x, const Tensor& w, const float* b, 
   const size_t es = ot == DType::kF32 ? 4 : 2;
   for (int64_t r0 = 0; r0 < m; r0 += panel_rows) {
     const int64_t rows = std::min(panel_rows, m - r0);
-    launch_dequant_rows(w.dtype(), wp + r0 * w.row_bytes(), w.row_bytes(), rows, k, DType::kBF16, panel, stream_);
+    launch_dequant_rows(w.dtype(), wp + r0 * w.row_bytes(), w.row_bytes(), rows, k, xt, panel, stream_);
     lt_gemm(panel, x.data(), n, rows, k, ot, static_cast<char*>(out.data()) + static_cast<size_t>(r0) * es, m,
-            accumulate);
+            accumulate, xt);
   }
 }
 
 void CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out) {
   const DType xt = x.dtype(), ot = out.dtype();
   OSP_CHECK_MSG((xt == DType::kF32 && ot == DType::kF32) ||
-                    (xt == DType::kBF16 && (ot == DType::kBF16 || ot == DType::kF32)),
-                "matmul: activations F32 -> F32 or BF16 -> BF16/F32, got " << dtype_name(xt) << " -> "
-                                                                            << dtype_name(ot));
+                    ((xt == DType::kBF16 || xt == DType::kF16) && (ot == xt || ot == DType::kF32)),
+                "matmul: activations F32 -> F32, BF16 -> BF16/F32 or F16 -> F16/F32, got " << dtype_name(xt) << " -> "
+                                                                                           << dtype_name(ot));
   OSP_CHECK_MSG(x.device() == Device::kCuda && w.device() == Device::kCuda && out.device() == Device::kCuda,
                 "matmul tensors must be in CUDA device memory");
   OSP_CHECK_EQ(w.ndim(), 2);
@@ -208,7 +347,7 @@ void CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias, T
     launch_gemv(w.dtype(), w.data(), w.row_bytes(), m, k, xt, x.data(), n, b, ot, out.data(), stream_);
     return;
   }
-  if (xt == DType::kBF16) {
+  if (xt == DType::kBF16 || xt == DType::kF16) {
     matmul_bf16(x, w, b, out);
     return;
   }

@@ -3,11 +3,25 @@
 // in registers, writes the rotated q and puts K/V straight into the pages.
 // Replaces head_rms_norm + rope + kv_write (three passes over q/k/v).
 //
-// Layout: blocks (token, group of 8 heads), one warp per head (q heads,
-// then k heads, then v heads), so a decode step still spreads over SMs. Lane j owns dims j + 32 * c of the
+// Two kernels compute the same function:
+//
+// qkv_rope_vec_kernel (full rotary, head_dim a multiple of 16 with hd / 16 a
+// power of two, 16-byte aligned tensors: every Llama/Qwen/Mistral shape): blocks (token,
+// chunk of kVecThreads work items); item (head h, lane j < L = hd / 16)
+// owns dims [8j, 8j + 8) and their rotation partners [hd/2 + 8j, ...), so
+// each thread rotates in registers after two 16-byte loads per operand
+// (32-byte for F32) and stores with 16-byte stores. The block first puts
+// cos/sin of the token's hd/2 angles in shared memory (one cosf/sinf pair
+// per angle per block instead of one per head). Per-head RMSNorm reduces
+// over the L lanes of a head with shuffles. One pass, memory-bound.
+//
+// qkv_rope_kernel (anything else, e.g. partial rotary): blocks (token, group
+// of 8 heads), one warp per head (q heads, then k heads, then v heads), so
+// a decode step still spreads over SMs. Lane j owns dims j + 32 * c of the
 // head, c < kChunks, so the rotation partners i and i + rotary_dim / 2 are
 // owned by lanes of the same warp and exchanged through shared memory.
 #include <algorithm>
+#include <cstdint>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_common.cuh"
@@ -106,6 +120,109 @@ __global__ void __launch_bounds__(kWarps * 32) qkv_rope_kernel(QkvRopeArgs a) {
   }
 }
 
+constexpr int kVecThreads = 256;
+constexpr int kVecMaxHd = kMaxHd;
+
+// 8 consecutive elements (16-byte aligned) to / from fp32.
+template <class T>
+__device__ __forceinline__ void load8(const T* p, float (&v)[8]) {
+  constexpr int kVec = static_cast<int>(sizeof(T)) / 2;  // uint4 per 8 elements
+  alignas(16) T e[8];
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) reinterpret_cast<uint4*>(e)[i] = reinterpret_cast<const uint4*>(p)[i];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) v[i] = to_float(e[i]);
+}
+template <class T>
+__device__ __forceinline__ void store8(T* p, const float (&v)[8]) {
+  constexpr int kVec = static_cast<int>(sizeof(T)) / 2;
+  alignas(16) T e[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) e[i] = from_float<T>(v[i]);
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) reinterpret_cast<uint4*>(p)[i] = reinterpret_cast<const uint4*>(e)[i];
+}
+
+template <class T, class KvT>
+__global__ void __launch_bounds__(kVecThreads) qkv_rope_vec_kernel(QkvRopeArgs a) {
+  __shared__ float s_cos[kVecMaxHd / 2], s_sin[kVecMaxHd / 2];
+  const int64_t t = blockIdx.x;
+  const int hd = a.hd;
+  const int half = hd / 2;
+  const int lanes = hd / 16;  // L: power of two <= 32, so a head's lanes share a warp
+  const int heads = a.hq + 2 * a.hk;
+  const int items = heads * lanes;
+  const int item = blockIdx.y * kVecThreads + threadIdx.x;
+  const int h = item / lanes;  // >= heads past the last item (whole heads: items is a multiple of lanes)
+  const int j = item - h * lanes;
+  const int32_t slot = a.slot_mapping[t];
+  const bool is_q = h < a.hq;
+  const bool is_k = !is_q && h < a.hq + a.hk;
+  // Inactive: past the last head, or K/V of a skipped slot (nothing to write).
+  const bool active = item < items && (is_q || (slot >= 0 && slot < a.num_slots));
+  // Loads first, so that their latency overlaps the angles below.
+  float v1[8], v2[8];  // dims 8j + e and half + 8j + e
+  if (active) {
+    const T* src = static_cast<const T*>(a.qkv) + (t * heads + h) * static_cast<int64_t>(hd);
+    load8(src + 8 * j, v1);
+    load8(src + half + 8 * j, v2);
+  }
+  const float pos = static_cast<float>(a.positions[t]);
+  for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    const float angle = pos * a.inv_freq[i];
+    s_cos[i] = cosf(angle) * a.attention_scaling;
+    s_sin[i] = sinf(angle) * a.attention_scaling;
+  }
+  __syncthreads();
+  if (!active) return;
+  if (is_q || is_k) {
+    const float* nw = is_q ? a.q_norm : a.k_norm;
+    if (nw) {
+      float ss = 0.0f;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) ss += v1[e] * v1[e] + v2[e] * v2[e];
+      // The head's lanes are aligned groups of `lanes` consecutive lanes of one warp.
+      const unsigned group = lanes == 32 ? 0xffffffffu : ((1u << lanes) - 1u) << ((threadIdx.x & 31) & ~(lanes - 1));
+      for (int o = lanes / 2; o > 0; o >>= 1) ss += __shfl_xor_sync(group, ss, o);
+      const float inv = 1.0f / sqrtf(ss / static_cast<float>(hd) + a.eps);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        // Rounded to T, as head_rms_norm stores it before RoPE reads it.
+        v1[e] = to_float(from_float<T>(v1[e] * inv * nw[8 * j + e]));
+        v2[e] = to_float(from_float<T>(v2[e] * inv * nw[half + 8 * j + e]));
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const float cs = s_cos[8 * j + e], sn = s_sin[8 * j + e];
+      const float x1 = v1[e], x2 = v2[e];
+      // Each product rounded separately, as in torch (matches rope_kernel).
+      v1[e] = __fmul_rn(x1, cs) - __fmul_rn(x2, sn);
+      v2[e] = __fmul_rn(x2, cs) + __fmul_rn(x1, sn);
+    }
+  }
+  if (is_q) {
+    T* dst = static_cast<T*>(a.q_out) + (t * a.hq + h) * static_cast<int64_t>(hd);
+    store8(dst + 8 * j, v1);
+    store8(dst + half + 8 * j, v2);
+    return;
+  }
+  // Rounded to the activation dtype first, as if k/v had been stored and kv_write had read them.
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    v1[e] = to_float(from_float<T>(v1[e]));
+    v2[e] = to_float(from_float<T>(v2[e]));
+  }
+  const int kvh = is_k ? h - a.hq : h - a.hq - a.hk;
+  KvT* dst = static_cast<KvT*>(is_k ? a.k_cache : a.v_cache) + (static_cast<int64_t>(slot) * a.hk + kvh) * hd;
+  store8(dst + 8 * j, v1);
+  store8(dst + half + 8 * j, v2);
+}
+
+bool aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
 }  // namespace
 
 void launch_qkv_rope_kv_write(const QkvRopeArgs& a, cudaStream_t stream) {
@@ -114,6 +231,17 @@ void launch_qkv_rope_kv_write(const QkvRopeArgs& a, cudaStream_t stream) {
   OSP_CHECK(a.rotary_dim > 0 && a.rotary_dim % 2 == 0 && a.rotary_dim <= a.hd);
   OSP_CHECK_LE(a.n, int64_t{2147483647});
   const int heads = a.hq + 2 * a.hk;
+  const int lanes = a.hd / 16;
+  if (a.rotary_dim == a.hd && a.hd % 16 == 0 && a.hd <= kVecMaxHd && (lanes & (lanes - 1)) == 0 && aligned16(a.qkv) &&
+      aligned16(a.q_out) && aligned16(a.k_cache) && aligned16(a.v_cache)) {
+    const int chunks = (heads * lanes + kVecThreads - 1) / kVecThreads;
+    const dim3 grid(static_cast<unsigned>(a.n), static_cast<unsigned>(chunks));
+    OSP_DISPATCH_ACT(a.act, T, {
+      OSP_DISPATCH_FLOAT(a.cache_dtype, KvT, { qkv_rope_vec_kernel<T, KvT><<<grid, kVecThreads, 0, stream>>>(a); });
+    });
+    OSP_CUDA_CHECK_LAUNCH();
+    return;
+  }
   const int threads = 32 * std::min(kWarps, heads);
   const dim3 grid(static_cast<unsigned>(a.n), static_cast<unsigned>((heads + kWarps - 1) / kWarps));
   OSP_DISPATCH_ACT(a.act, T, {

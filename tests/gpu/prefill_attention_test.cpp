@@ -1,0 +1,441 @@
+// Prefill attention on BF16 pages (prefill_attention_mma.cu: every block
+// shape and the automatic choice; the wmma fallback; the paged_attention op)
+// against a float64 reference, and the fused QKV norm + RoPE + KV write
+// (qkv_rope.cu: the vectorised kernel and the general one) against the CPU
+// backend, at prefill sizes.
+//
+// Not tests: DISABLED_PrefillAttentionBench prints TFLOP/s of one causal
+// prompt of 1k / 2k / 4k / 8k tokens (Llama-3-8B heads: 32 q / 8 kv x 128)
+// for every block shape. Run with
+//   gpu_tests --gtest_also_run_disabled_tests --gtest_filter='*PrefillAttentionBench*'
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/attention/prefill_attention_mma.h"
+#include "backend/cuda/kernels.h"
+#include "gpu_test_util.h"
+#include "ops/rope_freq.h"
+
+namespace osprey::gpu_test {
+namespace {
+
+std::vector<uint16_t> bf16_bits(const std::vector<float>& v) {
+  std::vector<uint16_t> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = f32_to_bf16(v[i]);
+  return out;
+}
+std::vector<float> bf16_values(const std::vector<uint16_t>& v) {
+  std::vector<float> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = bf16_to_f32(v[i]);
+  return out;
+}
+
+struct Heads {
+  int hq, hk, hd;
+  int window;  // 0: none
+};
+
+// One sequence of a step: q_len new tokens after `past` tokens already in
+// the pages (prefix cache hit or earlier chunks).
+struct Seq {
+  int q_len, past;
+};
+
+// A prefill step over BF16 pages: random q/k/v (bf16 values), pages of each
+// sequence in a shuffled order, positions past + i. Owns its device copies.
+class Problem {
+ public:
+  Problem(ops::Backend& gpu, Heads h, const std::vector<Seq>& seqs, int bs, uint32_t seed, float scale = 0.0f)
+      : h_(h), bs_(bs), scale_(scale != 0.0f ? scale : 1.0f / std::sqrt(static_cast<float>(h.hd))) {
+    std::mt19937 rng(seed);
+    for (const auto& s : seqs) {
+      const int len = s.past + s.q_len;
+      const int np = (len + bs - 1) / bs;
+      std::vector<int32_t> pages(static_cast<size_t>(np));
+      std::iota(pages.begin(), pages.end(), pages_);
+      std::shuffle(pages.begin(), pages.end(), rng);
+      block_indices_.insert(block_indices_.end(), pages.begin(), pages.end());
+      block_indptr_.push_back(static_cast<int32_t>(block_indices_.size()));
+      pages_ += np;
+      for (int i = 0; i < s.q_len; ++i) positions_.push_back(s.past + i);
+      q_indptr_.push_back(q_indptr_.back() + s.q_len);
+      kv_lens_.push_back(len);
+      max_q_ = std::max(max_q_, s.q_len);
+      max_kv_ = std::max(max_kv_, len);
+    }
+    n_ = q_indptr_.back();
+    const size_t page_elems = static_cast<size_t>(bs) * h.hk * h.hd;
+    k_ = bf16_values(bf16_bits(random_floats(static_cast<size_t>(pages_) * page_elems, seed + 1, -2, 2)));
+    v_ = bf16_values(bf16_bits(random_floats(static_cast<size_t>(pages_) * page_elems, seed + 2, -2, 2)));
+    q_ = bf16_values(bf16_bits(random_floats(static_cast<size_t>(n_) * h.hq * h.hd, seed + 3, -2, 2)));
+    gk_.emplace(upload(gpu, bf16_bits(k_)));
+    gv_.emplace(upload(gpu, bf16_bits(v_)));
+    gq_.emplace(upload(gpu, bf16_bits(q_)));
+    go_.emplace(gpu, q_.size() * 2);
+    d_qi_.emplace(upload(gpu, q_indptr_));
+    d_kl_.emplace(upload(gpu, kv_lens_));
+    d_bi_.emplace(upload(gpu, block_indptr_));
+    d_bx_.emplace(upload(gpu, block_indices_));
+    d_pos_.emplace(upload(gpu, positions_));
+    d_sl_.emplace(upload(gpu, std::vector<int32_t>(static_cast<size_t>(n_), -1)));
+  }
+
+  cuda::PagedAttentionArgs args() const {
+    cuda::PagedAttentionArgs a;
+    a.act = DType::kBF16;
+    a.q = gq_->get();
+    a.k_cache = gk_->get();
+    a.v_cache = gv_->get();
+    a.kv_dtype = DType::kBF16;
+    a.num_blocks = pages_;
+    a.block_size = bs_;
+    a.hq = h_.hq;
+    a.hk = h_.hk;
+    a.hd = h_.hd;
+    a.num_seqs = static_cast<int>(kv_lens_.size());
+    a.num_tokens = n_;
+    a.max_q_len = max_q_;
+    a.max_kv_len = max_kv_;
+    a.q_indptr = d_qi_->as<int32_t>();
+    a.kv_lens = d_kl_->as<int32_t>();
+    a.block_indptr = d_bi_->as<int32_t>();
+    a.block_indices = d_bx_->as<int32_t>();
+    a.positions = d_pos_->as<int32_t>();
+    a.scale = scale_;
+    a.window = h_.window;
+    a.out = go_->get();
+    return a;
+  }
+
+  // variant -2: through the paged_attention op; -1: the wmma kernel; else
+  // that block shape of the mma kernel (0: its automatic choice).
+  void run(ops::Backend& gpu, int variant) {
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    if (variant == -2) {
+      ops::AttentionBatch b;
+      b.num_seqs = static_cast<int>(kv_lens_.size());
+      b.num_tokens = n_;
+      b.max_q_len = max_q_;
+      b.max_kv_len = max_kv_;
+      b.q_indptr = d_qi_->as<int32_t>();
+      b.kv_lens = d_kl_->as<int32_t>();
+      b.block_indptr = d_bi_->as<int32_t>();
+      b.block_indices = d_bx_->as<int32_t>();
+      b.positions = d_pos_->as<int32_t>();
+      b.slot_mapping = d_sl_->as<int32_t>();
+      ops::LayerKv kv{Tensor(gk_->get(), DType::kBF16, {pages_, bs_, h_.hk, h_.hd}, Device::kCuda),
+                      Tensor(gv_->get(), DType::kBF16, {pages_, bs_, h_.hk, h_.hd}, Device::kCuda)};
+      Tensor q(gq_->get(), DType::kBF16, {n_, h_.hq, h_.hd}, Device::kCuda);
+      Tensor out(go_->get(), DType::kBF16, {n_, h_.hq, h_.hd}, Device::kCuda);
+      gpu.paged_attention(q, kv, b, scale_, h_.window, out);
+      gpu.synchronize();
+    } else if (variant == -1) {
+      cuda::launch_prefill_attention_wmma(args(), nullptr);
+    } else {
+      cuda::launch_prefill_attention_mma(args(), nullptr, variant);
+    }
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  }
+
+  // 0xFFFF (a bf16 NaN) everywhere, so an unwritten element fails.
+  void poison() {
+    ASSERT_EQ(cudaMemset(go_->get(), 0xFF, q_.size() * 2), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  }
+
+  std::vector<uint16_t> output(ops::Backend& gpu) const { return download<uint16_t>(gpu, *go_, q_.size()); }
+
+  // float64 attention of token t, all query heads: [hq * hd].
+  std::vector<double> reference(int t) const {
+    int seq = 0;
+    while (q_indptr_[static_cast<size_t>(seq) + 1] <= t) ++seq;
+    const int pos = positions_[static_cast<size_t>(t)];
+    const int hi = std::min(pos + 1, kv_lens_[static_cast<size_t>(seq)]);
+    const int lo = h_.window > 0 ? std::max(0, pos - h_.window + 1) : 0;
+    const int group = h_.hq / h_.hk;
+    std::vector<double> out(static_cast<size_t>(h_.hq) * h_.hd, 0.0);
+    std::vector<double> p(static_cast<size_t>(std::max(hi - lo, 0)));
+    auto row = [&](const std::vector<float>& cache, int kp, int kvh) {
+      const int page = block_indices_[static_cast<size_t>(block_indptr_[static_cast<size_t>(seq)] + kp / bs_)];
+      return cache.data() + ((static_cast<size_t>(page) * bs_ + kp % bs_) * h_.hk + kvh) * h_.hd;
+    };
+    for (int head = 0; head < h_.hq; ++head) {
+      const int kvh = head / group;
+      const float* qv = q_.data() + (static_cast<size_t>(t) * h_.hq + head) * h_.hd;
+      double mx = -INFINITY;
+      for (int kp = lo; kp < hi; ++kp) {
+        const float* kr = row(k_, kp, kvh);
+        double dot = 0;
+        for (int d = 0; d < h_.hd; ++d) dot += double{qv[d]} * kr[d];
+        p[static_cast<size_t>(kp - lo)] = dot * scale_;
+        mx = std::max(mx, dot * scale_);
+      }
+      double sum = 0;
+      for (auto& x : p) sum += (x = std::exp(x - mx));
+      double* o = out.data() + static_cast<size_t>(head) * h_.hd;
+      for (int kp = lo; kp < hi; ++kp) {
+        const float* vr = row(v_, kp, kvh);
+        const double w = p[static_cast<size_t>(kp - lo)] / sum;
+        for (int d = 0; d < h_.hd; ++d) o[d] += w * vr[d];
+      }
+    }
+    return out;
+  }
+
+  // Every element written and finite; every stride-th token and the last of
+  // each sequence within bf16 rounding of the reference (kept across calls).
+  void check(ops::Backend& gpu, int stride, const std::string& what) {
+    const auto got = bf16_values(output(gpu));
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_TRUE(std::isfinite(got[i])) << what << ": element " << i << " unwritten or not finite";
+    }
+    const bool fresh = ref_.empty();
+    std::vector<float> g;
+    const size_t row = static_cast<size_t>(h_.hq) * h_.hd;
+    for (int t = 0; t < n_; ++t) {
+      const bool last = std::find(q_indptr_.begin() + 1, q_indptr_.end(), t + 1) != q_indptr_.end();
+      if (t % stride != 0 && !last) continue;
+      if (fresh) {
+        const auto r = reference(t);
+        ref_.insert(ref_.end(), r.begin(), r.end());
+      }
+      g.insert(g.end(), got.begin() + static_cast<std::ptrdiff_t>(t * row),
+               got.begin() + static_cast<std::ptrdiff_t>((t + 1) * row));
+    }
+    // P is rounded to bf16 before P V, then the output: a few bf16 ulps.
+    expect_close(g, ref_, 3e-4, 3e-2, what);
+  }
+
+  double causal_flops() const {
+    double pairs = 0;
+    for (int t = 0; t < n_; ++t) {
+      const int pos = positions_[static_cast<size_t>(t)];
+      pairs += pos + 1 - (h_.window > 0 ? std::max(0, pos - h_.window + 1) : 0);
+    }
+    return 4.0 * pairs * h_.hq * h_.hd;
+  }
+
+ private:
+  Heads h_;
+  int bs_;
+  float scale_;
+  std::vector<int32_t> q_indptr_{0}, kv_lens_, block_indptr_{0}, block_indices_, positions_;
+  int pages_ = 0, max_q_ = 0, max_kv_ = 0, n_ = 0;
+  std::vector<float> k_, v_, q_;
+  std::vector<double> ref_;
+  std::optional<DeviceMem> gk_, gv_, gq_, go_, d_qi_, d_kl_, d_bi_, d_bx_, d_pos_, d_sl_;
+};
+
+std::string tag(Heads h, int bs, int variant) {
+  return "hq=" + std::to_string(h.hq) + " hk=" + std::to_string(h.hk) + " hd=" + std::to_string(h.hd) +
+         " window=" + std::to_string(h.window) + " bs=" + std::to_string(bs) + " variant=" + std::to_string(variant);
+}
+
+class PrefillAttention : public GpuTest {};
+
+// Every block shape (and the op, and the wmma kernel) on: GQA 1 / 4 / 8,
+// head_dim 64 / 128, sliding windows, chunks after earlier pages, a decode
+// row in a prefill batch, page sizes 16 / 32 and a non-power-of-two one.
+TEST_F(PrefillAttention, EveryBlockShapeMatchesFloat64) {
+  const std::vector<Seq> mixed = {{700, 0}, {333, 1200}, {1, 900}, {64, 64}, {129, 3}};
+  struct Case {
+    Heads h;
+    std::vector<Seq> seqs;
+    int bs;
+  };
+  const std::vector<Case> cases = {
+      {{32, 8, 128, 0}, mixed, 16},        // Llama-3-8B heads
+      {{8, 8, 128, 0}, mixed, 16},         // G = 1
+      {{16, 2, 64, 0}, mixed, 32},         // G = 8, hd 64
+      {{8, 1, 128, 300}, mixed, 16},       // MQA, window
+      {{8, 2, 64, 77}, mixed, 24},         // window, page size not a power of two
+      {{32, 8, 128, 0}, {{1536, 0}}, 16},  // one long prompt
+  };
+  uint32_t seed = 11;
+  for (const auto& c : cases) {
+    Problem pb(gpu(), c.h, c.seqs, c.bs, seed += 7);
+    for (int variant = -2; variant < cuda::kNumPrefillMmaVariants; ++variant) {
+      pb.poison();
+      pb.run(gpu(), variant);
+      pb.check(gpu(), 41, tag(c.h, c.bs, variant));
+    }
+  }
+}
+
+// The same launch twice gives the same bits (a race would show as a moving
+// result), for every block shape.
+TEST_F(PrefillAttention, RepeatableBitForBit) {
+  Problem pb(gpu(), {32, 8, 128, 0}, {{1000, 0}, {300, 700}}, 16, 5);
+  for (int variant = 0; variant < cuda::kNumPrefillMmaVariants; ++variant) {
+    pb.run(gpu(), variant);
+    const auto first = pb.output(gpu());
+    pb.poison();
+    pb.run(gpu(), variant);
+    EXPECT_EQ(pb.output(gpu()), first) << "variant " << variant;
+  }
+}
+
+// The mma kernel folds the scale into its exponent and needs it positive;
+// the op sends other scales to the wmma kernel, which must still be right.
+TEST_F(PrefillAttention, NonPositiveScaleThroughTheOp) {
+  for (float scale : {-0.05f, 0.125f}) {
+    Problem pb(gpu(), {8, 2, 128, 0}, {{200, 50}, {17, 0}}, 16, 9, scale);
+    pb.poison();
+    pb.run(gpu(), -2);
+    pb.check(gpu(), 13, "scale " + std::to_string(scale));
+  }
+}
+
+// Fused QKV norm + RoPE + KV write at prefill sizes, both kernels (full
+// rotary takes the vectorised one, partial rotary the general one),
+// against the CPU backend.
+TEST_F(PrefillAttention, QkvRopeKvWriteBothKernelsMatchCpu) {
+  struct Case {
+    int hq, hk, hd, rotary;
+    bool norm;
+    DType act, kv;
+  };
+  const std::vector<Case> cases = {
+      {32, 8, 128, 128, false, DType::kBF16, DType::kBF16},  // Llama-3-8B: vectorised
+      {16, 2, 64, 64, true, DType::kBF16, DType::kBF16},     // Qwen3-style q/k norm, hd 64
+      {8, 2, 256, 256, true, DType::kF32, DType::kF32},      // hd 256: 16 lanes a head
+      {4, 4, 128, 128, false, DType::kF32, DType::kBF16},
+      {8, 2, 128, 64, false, DType::kBF16, DType::kBF16},  // partial rotary: general kernel
+      {8, 2, 64, 32, true, DType::kF32, DType::kF32},
+  };
+  for (const auto& c : cases) {
+    const int n = 300, bs = 16, blocks = 24, slots_total = bs * blocks;
+    const int64_t cols = int64_t{c.hq + 2 * c.hk} * c.hd;
+    auto qkv = random_floats(static_cast<size_t>(n * cols), 31, -2, 2);
+    if (c.act == DType::kBF16) qkv = bf16_values(bf16_bits(qkv));
+    std::vector<int32_t> pos(static_cast<size_t>(n)), slots(static_cast<size_t>(n));
+    std::vector<int32_t> perm(static_cast<size_t>(slots_total));
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), std::mt19937(32));
+    for (int i = 0; i < n; ++i) {
+      pos[static_cast<size_t>(i)] = 5 + 13 * i;                                        // up to ~3900
+      slots[static_cast<size_t>(i)] = i % 7 == 3 ? -1 : perm[static_cast<size_t>(i)];  // some skipped
+    }
+    const auto qn = random_floats(static_cast<size_t>(c.hd), 33, 0.5f, 1.5f);
+    const auto kn = random_floats(static_cast<size_t>(c.hd), 34, 0.5f, 1.5f);
+    auto inv = ops::make_rope_inv_freq(500000.0f, c.rotary, {});
+    ops::RopeTable rt;
+    rt.inv_freq = inv.data();
+    rt.rotary_dim = c.rotary;
+    const size_t cache_elems = static_cast<size_t>(slots_total) * c.hk * c.hd;
+    const size_t kv_es = c.kv == DType::kF32 ? 4 : 2;
+    // CPU (fp32 on the same values).
+    std::vector<uint8_t> ck(cache_elems * kv_es, 0), cv(cache_elems * kv_es, 0);
+    std::vector<float> cq(static_cast<size_t>(n) * c.hq * c.hd);
+    std::vector<float> qkv_c = qkv, qn_c = qn, kn_c = kn;
+    ops::LayerKv ckv{Tensor(ck.data(), c.kv, {blocks, bs, c.hk, c.hd}),
+                     Tensor(cv.data(), c.kv, {blocks, bs, c.hk, c.hd})};
+    ops::AttentionBatch cb;
+    cb.num_tokens = n;
+    cb.positions = pos.data();
+    cb.slot_mapping = slots.data();
+    Tensor cq3(cq.data(), DType::kF32, {n, c.hq, c.hd});
+    cpu().qkv_rope_kv_write(Tensor(qkv_c.data(), DType::kF32, {n, cols}),
+                            c.norm ? Tensor(qn_c.data(), DType::kF32, {c.hd}) : Tensor(),
+                            c.norm ? Tensor(kn_c.data(), DType::kF32, {c.hd}) : Tensor(), 1e-6f, rt, cb, ckv, cq3);
+    // GPU.
+    auto gqkv = c.act == DType::kF32 ? upload(gpu(), qkv) : upload(gpu(), bf16_bits(qkv));
+    auto gpos = upload(gpu(), pos), gslots = upload(gpu(), slots), ginv = upload(gpu(), inv);
+    auto gqn = upload(gpu(), qn), gkn = upload(gpu(), kn);
+    DeviceMem gk(gpu(), cache_elems * kv_es), gv(gpu(), cache_elems * kv_es);
+    ASSERT_EQ(cudaMemset(gk.get(), 0, cache_elems * kv_es), cudaSuccess);
+    ASSERT_EQ(cudaMemset(gv.get(), 0, cache_elems * kv_es), cudaSuccess);
+    const size_t aes = c.act == DType::kF32 ? 4 : 2;
+    DeviceMem gq(gpu(), cq.size() * aes);
+    ASSERT_EQ(cudaMemset(gq.get(), 0xFF, cq.size() * aes), cudaSuccess);  // NaN: unwritten q fails
+    ops::LayerKv gkv{Tensor(gk.get(), c.kv, {blocks, bs, c.hk, c.hd}, Device::kCuda),
+                     Tensor(gv.get(), c.kv, {blocks, bs, c.hk, c.hd}, Device::kCuda)};
+    ops::AttentionBatch gb = cb;
+    gb.positions = gpos.as<int32_t>();
+    gb.slot_mapping = gslots.as<int32_t>();
+    ops::RopeTable grt = rt;
+    grt.inv_freq = ginv.as<float>();
+    Tensor gq3(gq.get(), c.act, {n, c.hq, c.hd}, Device::kCuda);
+    gpu().qkv_rope_kv_write(Tensor(gqkv.get(), c.act, {n, cols}, Device::kCuda),
+                            c.norm ? Tensor(gqn.get(), DType::kF32, {c.hd}, Device::kCuda) : Tensor(),
+                            c.norm ? Tensor(gkn.get(), DType::kF32, {c.hd}, Device::kCuda) : Tensor(), 1e-6f, grt, gb,
+                            gkv, gq3);
+    gpu().synchronize();
+    const std::string what = "hq=" + std::to_string(c.hq) + " hk=" + std::to_string(c.hk) +
+                             " hd=" + std::to_string(c.hd) + " rotary=" + std::to_string(c.rotary) +
+                             (c.norm ? " norm" : "") + " act " + std::string(dtype_name(c.act)) + " kv " +
+                             std::string(dtype_name(c.kv));
+    const std::vector<float> q_got = c.act == DType::kF32 ? download<float>(gpu(), gq, cq.size())
+                                                          : bf16_values(download<uint16_t>(gpu(), gq, cq.size()));
+    // fp32: only the norm's summation order differs; bf16: one output rounding.
+    const double nmse = c.act == DType::kF32 ? 1e-11 : 1e-4;
+    const double rel = c.act == DType::kF32 ? 1e-5 : 2e-2;
+    expect_close(q_got, cq, nmse, rel, what + " q");
+    auto as_float = [&](const std::vector<uint8_t>& b) {
+      std::vector<float> f(cache_elems);
+      dequantize_row(c.kv, b.data(), f.data(), static_cast<int64_t>(cache_elems));
+      return f;
+    };
+    const double kv_nmse = nmse + (c.kv == DType::kBF16 ? 1e-4 : 0.0);
+    const double kv_rel = rel + (c.kv == DType::kBF16 ? 2e-2 : 0.0);
+    expect_close(as_float(download<uint8_t>(gpu(), gk, cache_elems * kv_es)), as_float(ck), kv_nmse, kv_rel,
+                 what + " k pages");
+    expect_close(as_float(download<uint8_t>(gpu(), gv, cache_elems * kv_es)), as_float(cv), kv_nmse, kv_rel,
+                 what + " v pages");
+  }
+}
+
+// Not a test: TFLOP/s (causal FLOPs: 4 x hq x hd x visible pairs) of one
+// prompt of L tokens, Llama-3-8B heads, pages of 16 in shuffled order, for
+// every block shape (0 = the automatic choice) and the wmma kernel. Median
+// of 15 event-timed launches after 3 warm-ups.
+TEST_F(PrefillAttention, DISABLED_PrefillAttentionBench) {
+  cudaDeviceProp prop{};
+  ASSERT_EQ(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
+  std::printf("prefill attention bench on %s: causal, bf16, hq 32, hk 8, hd 128, pages of 16\n", prop.name);
+  std::printf("%-8s %-8s %10s %10s\n", "tokens", "kernel", "ms", "TFLOP/s");
+  cudaEvent_t e0, e1;
+  ASSERT_EQ(cudaEventCreate(&e0), cudaSuccess);
+  ASSERT_EQ(cudaEventCreate(&e1), cudaSuccess);
+  for (int len : {1024, 2048, 4096, 8192}) {
+    Problem pb(gpu(), {32, 8, 128, 0}, {{len, 0}}, 16, 3);
+    const auto a = pb.args();
+    for (int variant = -1; variant < cuda::kNumPrefillMmaVariants; ++variant) {
+      auto launch = [&] {
+        if (variant < 0) {
+          cuda::launch_prefill_attention_wmma(a, nullptr);
+        } else {
+          cuda::launch_prefill_attention_mma(a, nullptr, variant);
+        }
+      };
+      for (int i = 0; i < 3; ++i) launch();
+      std::vector<float> ms;
+      for (int i = 0; i < 15; ++i) {
+        ASSERT_EQ(cudaEventRecord(e0, nullptr), cudaSuccess);
+        launch();
+        ASSERT_EQ(cudaEventRecord(e1, nullptr), cudaSuccess);
+        ASSERT_EQ(cudaEventSynchronize(e1), cudaSuccess);
+        float t = 0;
+        ASSERT_EQ(cudaEventElapsedTime(&t, e0, e1), cudaSuccess);
+        ms.push_back(t);
+      }
+      std::sort(ms.begin(), ms.end());
+      const float med = ms[ms.size() / 2];
+      const std::string name = variant < 0 ? "wmma" : "mma" + std::to_string(variant);
+      std::printf("%-8d %-8s %10.3f %10.1f\n", len, name.c_str(), med, pb.causal_flops() / (med * 1e-3) / 1e12);
+    }
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+}
+
+}  // namespace
+}  // namespace osprey::gpu_test
