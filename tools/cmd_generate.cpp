@@ -30,6 +30,7 @@ struct GenerateOptions {
   bool quantize_activations = false;
   double gpu_memory_utilization = 0.90;
   bool enforce_eager = false;
+  bool no_async_scheduling = false;
   std::string dtype = "auto";
   std::string kv_cache_dtype = "auto";
   std::string load_format = "auto";
@@ -78,6 +79,7 @@ int run_generate(const GenerateOptions& o) {
   config.quantize_activations = o.quantize_activations;
   config.gpu_memory_utilization = o.gpu_memory_utilization;
   config.enforce_eager = o.enforce_eager;
+  config.async_scheduling = !o.no_async_scheduling;
   config.dtype = o.dtype;
   config.kv_cache_dtype = o.kv_cache_dtype;
   config.load_format = o.load_format;
@@ -170,7 +172,8 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--model", o->model, "Model folder, .gguf file, or 'default'");
   cmd->add_option("--prompt", o->prompt, "Prompt text (the user message with --chat)");
   cmd->add_option("--prompt-ids", o->prompt_ids, "Prompt as comma-separated token ids (instead of --prompt)");
-  cmd->add_option("--dtype", o->dtype, "Compute dtype: auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16");
+  cmd->add_option("--dtype", o->dtype,
+                  "Compute dtype: auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16, float16 (CUDA)");
   cmd->add_option("--kv-cache-dtype", o->kv_cache_dtype, "KV page dtype: auto (the compute dtype), float32, "
                                                           "bfloat16, float16");
   cmd->add_option("--load-format", o->load_format,
@@ -192,6 +195,8 @@ void add_generate_command(CLI::App& app) {
                   "CUDA: fraction of the device memory for weights, step buffers and the KV cache")
       ->check(CLI::Range(0.01, 1.0));
   cmd->add_flag("--enforce-eager", o->enforce_eager, "CUDA: run decode steps eagerly (no CUDA graphs)");
+  cmd->add_flag("--no-async-scheduling", o->no_async_scheduling,
+                "Wait for each step before scheduling the next (no overlap of host work with the device)");
   cmd->add_flag("--no-timings", o->quiet_timings, "Do not print the timings line");
   cmd->add_flag("--quantize-activations", o->quantize_activations,
                 "CPU: 8-bit activations in matmuls with Q8_0/Q4_0/Q4_1 weights (faster, not bit-exact)");

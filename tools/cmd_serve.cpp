@@ -36,6 +36,7 @@ struct ServeOptions {
   bool kv_cache_mb_set = false;  // --kv-cache-mb given: overrides --gpu-memory-utilization sizing
   double gpu_memory_utilization = 0.90;
   bool enforce_eager = false;
+  bool no_async_scheduling = false;
   int swap_space_mb = 0;
   int block_size = 16;
   bool no_prefix_caching = false;
@@ -67,6 +68,7 @@ int run_serve(const ServeOptions& o) {
   c.engine.kv_cache_bytes_explicit = o.kv_cache_mb_set;
   c.engine.gpu_memory_utilization = o.gpu_memory_utilization;
   c.engine.enforce_eager = o.enforce_eager;
+  c.engine.async_scheduling = !o.no_async_scheduling;
   c.engine.dtype = o.dtype;
   c.engine.kv_cache_dtype = o.kv_cache_dtype;
   c.engine.load_format = o.load_format;
@@ -143,7 +145,10 @@ void add_serve_command(CLI::App& app) {
                   "CUDA: fraction of the device memory for weights, step buffers and the KV cache")
       ->check(CLI::Range(0.01, 1.0));
   cmd->add_flag("--enforce-eager", o->enforce_eager, "CUDA: run decode steps eagerly (no CUDA graphs)");
-  cmd->add_option("--dtype", o->dtype, "Compute dtype: auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16");
+  cmd->add_flag("--no-async-scheduling", o->no_async_scheduling,
+                "Wait for each step before scheduling the next (no overlap of host work with the device)");
+  cmd->add_option("--dtype", o->dtype,
+                  "Compute dtype: auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16, float16 (CUDA)");
   cmd->add_option("--kv-cache-dtype", o->kv_cache_dtype, "KV page dtype: auto (the compute dtype), float32, "
                                                           "bfloat16, float16");
   cmd->add_option("--load-format", o->load_format,

@@ -103,7 +103,7 @@ struct Part {
 };
 
 // Finds, checks and places weights on the backend. Matrices of float dtypes
-// become the activation dtype on non-CPU backends computing in BF16 (F32
+// become the activation dtype on non-CPU backends computing in BF16/F16 (F32
 // compute keeps the file's dtypes, as the exact fp32 mode); quantised
 // matrices stay packed; vectors (norms, biases) are F32. Fused weights
 // (QKV, gate/up) are concatenated straight into one device allocation,
@@ -186,7 +186,7 @@ class WeightBuilder {
     if (dtype_is_quantized(p.dtype)) return p.dtype;
     if (dummy_) return act_;
     if (be_.device() == Device::kCpu) return p.dtype;
-    return act_ == DType::kBF16 ? DType::kBF16 : p.dtype;
+    return act_ != DType::kF32 ? act_ : p.dtype;  // 16-bit compute: weights in the activation dtype
   }
 
   // Whether the parts can be placed as one tensor (same target dtype and columns).
@@ -326,7 +326,7 @@ Expected<std::unique_ptr<Model>> Model::load(const std::string& path, ops::Backe
     return unsupported(std::string("the ") + backend.name() + " backend does not compute in " +
                        std::string(dtype_name(act)) + (backend.device() == Device::kCpu
                                                            ? " (the CPU backend computes in float32 only)"
-                                                           : " (use float32 or bfloat16)"));
+                                                           : " (use float32, bfloat16 or float16)"));
   }
   OSP_ASSIGN_OR_RETURN(DType kv_dtype, parse_dtype_option(options.kv_cache_dtype, act, "kv_cache_dtype"));
 

@@ -24,7 +24,7 @@ struct ModelLoadOptions {
   // config name such as "llama-3-8b", a config.json, or a folder holding one).
   std::string load_format = "auto";
   // Compute (activation) dtype: "auto" (the backend's default: float32 on the
-  // CPU, bfloat16 on CUDA), "float32" or "bfloat16". Float weights are
+  // CPU, bfloat16 on CUDA), "float32", "bfloat16" or "float16". Float weights are
   // converted to it at upload on non-CPU backends; quantised weights stay packed.
   std::string dtype = "auto";
   // KV page dtype: "auto" (the compute dtype), "float32", "bfloat16", "float16".

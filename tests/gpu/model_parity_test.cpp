@@ -103,6 +103,12 @@ constexpr double kHalfMargin = 2e-2;
 // the largest logit) under which a greedy divergence is accepted.
 constexpr double kBf16ComputeNmse = 5e-3;
 constexpr double kBf16ComputeMargin = 5e-2;
+// The whole forward in float16 (10 explicit mantissa bits, 3 more than
+// bf16: rounding errors 8x smaller, NMSE ~64x smaller). Measured on an H200
+// (2026-11-26): NMSE 3e-7 - 8.4e-6, greedy divergences in 3 of 57 prompts
+// at top-2 margins <= 3.8e-4 of max |logit|.
+constexpr double kF16ComputeNmse = 5e-5;
+constexpr double kF16ComputeMargin = 5e-3;
 
 // OSPREY_GPU_TESTS_HARNESS_ON_CPU=1 runs the model tests on the CPU backend
 // instead: a check of this harness on machines without a GPU.
@@ -127,17 +133,24 @@ class ModelParity : public ::testing::TestWithParam<Case> {
   }
 
   // Checks prompt logits and greedy tokens of every prompt against the
-  // reference. bf16: the whole forward in bfloat16 activations (and KV).
-  void check_against_reference(bool exact, bool bf16 = false) {
+  // reference. compute BF16 / F16: the whole forward in that activation
+  // dtype (and KV pages); F32: the fp32 paths.
+  void check_against_reference(bool exact, DType compute = DType::kF32) {
     const Case& c = GetParam();
     auto be = backend(exact);
     ASSERT_NE(be, nullptr);
-    auto model = load_model(c.model_path, *be, bf16 ? "bfloat16" : "float32");
+    const bool half = compute != DType::kF32;
+    const bool bf16 = compute == DType::kBF16;
+    auto model = load_model(c.model_path, *be, bf16 ? "bfloat16" : half ? "float16" : "float32");
     ASSERT_TRUE(model.ok()) << model.status().to_string();
+    EXPECT_EQ((*model)->activation_dtype(), compute);
     const nlohmann::json expected = read_json(c.expected_path);
-    const bool strict = !bf16 && (exact || c.weights == Weights::kFp32Path);
-    const double nmse_bound = bf16 ? kBf16ComputeNmse : c.weights == Weights::kF16 ? kF16Nmse : kBf16Nmse;
-    const double margin_bound = bf16 ? kBf16ComputeMargin : kHalfMargin;
+    const bool strict = !half && (exact || c.weights == Weights::kFp32Path);
+    const double nmse_bound = bf16                         ? kBf16ComputeNmse
+                              : half                       ? kF16ComputeNmse
+                              : c.weights == Weights::kF16 ? kF16Nmse
+                                                           : kBf16Nmse;
+    const double margin_bound = bf16 ? kBf16ComputeMargin : half ? kF16ComputeMargin : kHalfMargin;
     ASSERT_FALSE(expected["prompts"].empty());
     for (const auto& p : expected["prompts"]) {
       const auto ids = p["ids"].get<std::vector<int32_t>>();
@@ -163,7 +176,9 @@ class ModelParity : public ::testing::TestWithParam<Case> {
         } else {
           EXPECT_LE(e.nmse, nmse_bound) << what << " logits (max rel " << e.max_rel << ")";
         }
-        if (bf16) std::printf("bf16 %s: logits nmse %.3g max rel %.3g\n", what.c_str(), e.nmse, e.max_rel);
+        if (half) {
+          std::printf("%s %s: logits nmse %.3g max rel %.3g\n", bf16 ? "bf16" : "f16", what.c_str(), e.nmse, e.max_rel);
+        }
       }
       const auto ref_greedy = p["greedy"].get<std::vector<int32_t>>();
       const auto margins = p["greedy_margins"].get<std::vector<double>>();
@@ -182,6 +197,8 @@ class ModelParity : public ::testing::TestWithParam<Case> {
             EXPECT_LE(margins[s], margin_bound * max_abs)
                 << what << ": greedy diverges at step " << s << " where the reference's top-2 margin is " << margins[s]
                 << " of max |logit| " << max_abs;
+            std::printf("%s greedy diverges at step %zu of %zu (reference top-2 margin %.3g = %.3g of max |logit|)\n",
+                        what.c_str(), s, ref_greedy.size(), margins[s], margins[s] / max_abs);
           }
           break;
         }
@@ -278,9 +295,94 @@ INSTANTIATE_TEST_SUITE_P(HalfFixtures, ModelParityExact, ::testing::ValuesIn(hal
 class ModelParityBf16 : public ModelParity {};
 TEST_P(ModelParityBf16, LogitsCloseGreedyDivergesOnlyAtNearTies) {
   if (harness_on_cpu()) GTEST_SKIP() << "the CPU backend computes in float32 only";
-  check_against_reference(false, true);
+  check_against_reference(false, DType::kBF16);
 }
 INSTANTIATE_TEST_SUITE_P(Fixtures, ModelParityBf16, ::testing::ValuesIn(all_cases()), case_name);
+
+// Every fixture with the compute dtype float16 (activations, KV pages and
+// converted float weights; quantised weights dequantised to f16 panels):
+// logits within kF16ComputeNmse, greedy divergence only at a near-tie.
+class ModelParityF16 : public ModelParity {};
+TEST_P(ModelParityF16, LogitsCloseGreedyDivergesOnlyAtNearTies) {
+  if (harness_on_cpu()) GTEST_SKIP() << "the CPU backend computes in float32 only";
+  check_against_reference(false, DType::kF16);
+}
+INSTANTIATE_TEST_SUITE_P(Fixtures, ModelParityF16, ::testing::ValuesIn(all_cases()), case_name);
+
+// Chunked prefill (13 + 1 + 26 tokens) and three sequences batched against
+// the whole prefill / each alone, in f16 and bf16 compute: 16-bit rounding
+// differs with the kernels a step shape picks, so logits are compared with
+// an NMSE bound and the chosen tokens must agree except at a near-tie.
+class ModelParityHalfBatching : public ModelParity {};
+TEST_P(ModelParityHalfBatching, ChunkedAndBatchedCloseToWhole) {
+  if (harness_on_cpu()) GTEST_SKIP() << "the CPU backend computes in float32 only";
+  const Case& c = GetParam();
+  auto be = backend(false);
+  ASSERT_NE(be, nullptr);
+  const nlohmann::json expected = read_json(c.expected_path);
+  std::vector<std::vector<int32_t>> prompts;
+  for (const auto& p : expected["prompts"]) prompts.push_back(p["ids"].get<std::vector<int32_t>>());
+  ASSERT_EQ(prompts.back().size(), 40u);
+  for (const char* dtype : {"float16", "bfloat16"}) {
+    auto model = load_model(c.model_path, *be, dtype);
+    ASSERT_TRUE(model.ok()) << model.status().to_string();
+    // Measured on an H200: f16 <= 3.2e-6, bf16 <= 2.1e-4 (qwen2 batched).
+    const double nmse = std::string(dtype) == "float16" ? 5e-5 : 1e-3;
+    const std::string tag = c.name + " " + dtype;
+    // Chunked prefill.
+    const auto& ids = prompts.back();
+    BatchRunner whole(**model, 1, 48, 40);
+    const auto ref = whole.step({ids})[0];
+    BatchRunner chunked(**model, 1, 48, 40);
+    std::vector<float> got;
+    size_t done = 0;
+    for (size_t len : {13u, 1u, 26u}) {
+      got = chunked.step({std::vector<int32_t>(ids.begin() + static_cast<long>(done),
+                                               ids.begin() + static_cast<long>(done + len))})[0];
+      done += len;
+    }
+    const ErrorStats e = error_stats(got.data(), ref.data(), ref.size());
+    EXPECT_LE(e.nmse, nmse) << tag << " chunked prefill (max rel " << e.max_rel << ")";
+    // Batched: prompts of all lengths together, then 8 joint decode steps
+    // fed the tokens each sequence chose alone.
+    std::vector<std::vector<std::vector<float>>> alone(prompts.size());
+    std::vector<std::vector<int32_t>> chosen(prompts.size());
+    const int steps = 8;
+    for (size_t s = 0; s < prompts.size(); ++s) {
+      BatchRunner r(**model, 1, 64, 64);
+      std::vector<float> l = r.step({prompts[s]})[0];
+      for (int i = 0; i < steps; ++i) {
+        alone[s].push_back(l);
+        chosen[s].push_back(argmax(l));
+        l = r.step({{chosen[s].back()}})[0];
+      }
+    }
+    BatchRunner together(**model, static_cast<int>(prompts.size()), 64, 64);
+    double worst = 0;
+    for (int i = 0; i < steps; ++i) {
+      std::vector<std::vector<int32_t>> feeds(prompts.size());
+      for (size_t s = 0; s < prompts.size(); ++s)
+        feeds[s] = i == 0 ? prompts[s] : std::vector<int32_t>{chosen[s][static_cast<size_t>(i - 1)]};
+      const auto rows = together.step(feeds);
+      ASSERT_EQ(rows.size(), prompts.size());
+      for (size_t s = 0; s < prompts.size(); ++s) {
+        const auto& a = alone[s][static_cast<size_t>(i)];
+        const ErrorStats eb = error_stats(rows[s].data(), a.data(), a.size());
+        worst = std::max(worst, eb.nmse);
+        EXPECT_LE(eb.nmse, nmse) << tag << " sequence " << s << " step " << i;
+        const int tb = argmax(rows[s]), ta = chosen[s][static_cast<size_t>(i)];
+        if (tb != ta) {
+          double max_abs = 0;
+          for (float v : a) max_abs = std::max(max_abs, std::fabs(double{v}));
+          EXPECT_LE(a[static_cast<size_t>(ta)] - a[static_cast<size_t>(tb)], 2e-2 * max_abs)
+              << tag << " sequence " << s << " step " << i << ": batched argmax differs away from a near-tie";
+        }
+      }
+    }
+    std::printf("%s: chunked vs whole nmse %.3g, batched vs alone worst nmse %.3g\n", tag.c_str(), e.nmse, worst);
+  }
+}
+INSTANTIATE_TEST_SUITE_P(Fixtures, ModelParityHalfBatching, ::testing::ValuesIn(all_cases()), case_name);
 
 // ---- the default model -------------------------------------------------------
 

@@ -47,10 +47,10 @@ void check_cuda_f32(const Tensor& t, const char* what) {
   OSP_CHECK_MSG(t.device() == Device::kCuda, what << " must be in CUDA device memory");
 }
 
-// An activation tensor: F32 or BF16 in device memory.
+// An activation tensor: F32, BF16 or F16 in device memory.
 void check_cuda_act(const Tensor& t, const char* what) {
-  OSP_CHECK_MSG(t.dtype() == DType::kF32 || t.dtype() == DType::kBF16,
-                what << " must be F32 or BF16, got " << dtype_name(t.dtype()));
+  OSP_CHECK_MSG(t.dtype() == DType::kF32 || t.dtype() == DType::kBF16 || t.dtype() == DType::kF16,
+                what << " must be F32, BF16 or F16, got " << dtype_name(t.dtype()));
   OSP_CHECK_MSG(t.device() == Device::kCuda, what << " must be in CUDA device memory");
 }
 

@@ -80,7 +80,9 @@ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
 }
 
 // Runs `body` with `T` bound to the C++ type of activation dtype `dt`
-// (F32 -> float, BF16 -> __nv_bfloat16); other dtypes abort.
+// (F32 -> float, BF16 -> __nv_bfloat16, F16 -> __half); other dtypes abort.
+// Every kernel instantiated through it must be right for all three: use
+// to_float / from_float / load8_act<T>, never bf16 bit tricks on a T.
 #define OSP_DISPATCH_ACT(dt, T, ...)                                                       \
   do {                                                                                     \
     if ((dt) == ::osprey::DType::kF32) {                                                   \
@@ -88,6 +90,9 @@ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
       __VA_ARGS__;                                                                         \
     } else if ((dt) == ::osprey::DType::kBF16) {                                           \
       using T = __nv_bfloat16;                                                             \
+      __VA_ARGS__;                                                                         \
+    } else if ((dt) == ::osprey::DType::kF16) {                                            \
+      using T = __half;                                                                    \
       __VA_ARGS__;                                                                         \
     } else {                                                                               \
       OSP_CHECK_MSG(false, "unsupported activation dtype " << ::osprey::dtype_name(dt));   \
@@ -135,6 +140,16 @@ __device__ __forceinline__ void load8_act<__nv_bfloat16>(const __nv_bfloat16* p,
   for (int j = 0; j < 4; ++j) {
     out[2 * j] = __uint_as_float(w[j] << 16);
     out[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
+  }
+}
+template <>
+__device__ __forceinline__ void load8_act<__half>(const __half* p, float out[8]) {
+  const uint4 v = *reinterpret_cast<const uint4*>(p);
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    out[2 * j] = __half2float(__ushort_as_half(static_cast<unsigned short>(w[j] & 0xffffu)));
+    out[2 * j + 1] = __half2float(__ushort_as_half(static_cast<unsigned short>(w[j] >> 16)));
   }
 }
 
