@@ -5,7 +5,7 @@
 # build-gpu/tools/osprey). Results: one JSON per run under $OUT (default
 # bench/results/gpu), a summary on stdout.
 #
-#   bench/gpu/figures.sh [quick|all]
+#   bench/gpu/figures.sh [quick|all]      (SKIP_HF=1: leave out the transformers run)
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 bin=${OSPREY_BIN:-$root/build-gpu/tools/osprey}
@@ -33,7 +33,7 @@ run peer_512_256 240 --num-prompts 128 --max-num-seqs 128 --input-len 512 --outp
 if [[ "${1:-quick}" == all ]]; then
   run tput_1000_1000 400 --num-prompts 256 --max-num-seqs 256 --input-len 1000 --output-len 1000
 fi
-if python3 -c "import torch, transformers" 2>/dev/null; then
+if [[ -z "${SKIP_HF:-}" ]] && python3 -c "import torch, transformers" 2>/dev/null; then
   echo "== transformers generate, batch 128, 512 in / 256 out"
   timeout 400 python3 "$root/bench/hf/hf_generate.py" --model "$model" --batch 128 --input-len 512 --output-len 256 \
     > "$out/hf_512_256.json" 2> "$out/hf_512_256.log"
