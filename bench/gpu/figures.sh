@@ -5,7 +5,7 @@
 # build-gpu/tools/osprey). Results: one JSON per run under $OUT (default
 # bench/results/gpu), a summary on stdout.
 #
-#   bench/gpu/figures.sh [quick|all]      (SKIP_HF=1: leave out the transformers run)
+#   bench/gpu/figures.sh [quick|all|long]  (long: only 2048/2048; SKIP_HF=1: leave out the transformers run)
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 bin=${OSPREY_BIN:-$root/build-gpu/tools/osprey}
@@ -25,13 +25,19 @@ run() {  # name, timeout seconds, args...
   [[ $rc == 0 ]] || { echo "   rc=$rc"; tail -5 "$out/$name.txt"; }
 }
 
-run decode_b1    120 --num-prompts 1 --input-len 128 --output-len 512
-run ttft_2048    120 --num-prompts 1 --input-len 2048 --output-len 2
-run tput_128_128 240 --num-prompts 1024 --max-num-seqs 512 --input-len 128 --output-len 128
-run tput_2048_128 240 --num-prompts 256 --max-num-seqs 256 --input-len 2048 --output-len 128
-run peer_512_256 240 --num-prompts 128 --max-num-seqs 128 --input-len 512 --output-len 256
-if [[ "${1:-quick}" == all ]]; then
+mode=${1:-quick}
+if [[ "$mode" != long ]]; then
+  run decode_b1    120 --num-prompts 1 --input-len 128 --output-len 512
+  run ttft_2048    120 --num-prompts 1 --input-len 2048 --output-len 2
+  run tput_128_128 240 --num-prompts 1024 --max-num-seqs 512 --input-len 128 --output-len 128
+  run tput_2048_128 240 --num-prompts 256 --max-num-seqs 256 --input-len 2048 --output-len 128
+  run peer_512_256 240 --num-prompts 128 --max-num-seqs 128 --input-len 512 --output-len 256
+fi
+if [[ "$mode" == all ]]; then
   run tput_1000_1000 400 --num-prompts 256 --max-num-seqs 256 --input-len 1000 --output-len 1000
+fi
+if [[ "$mode" == all || "$mode" == long ]]; then
+  run tput_2048_2048 400 --num-prompts 256 --max-num-seqs 256 --input-len 2048 --output-len 2048
 fi
 if [[ -z "${SKIP_HF:-}" ]] && python3 -c "import torch, transformers" 2>/dev/null; then
   echo "== transformers generate, batch 128, 512 in / 256 out"
