@@ -1,8 +1,9 @@
 // Model parity on the CUDA backend: every committed fixture (safetensors and
 // GGUF, all weight dtypes) through Model::load(path, cuda backend) against
 // the Hugging Face reference outputs in its expected.json, plus chunked
-// prefill == whole prefill, batched == alone, and (when a copy is present)
-// the default SmolLM2 Q4_1 model against the CPU backend.
+// prefill == whole prefill, batched == alone, (when a copy is present) the
+// default SmolLM2 Q4_1 model against the CPU backend, and (when generated on
+// the device: OSPREY_GPU_PARITY_1B) a random model of llama-3.2-1b shapes.
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -117,6 +118,104 @@ bool harness_on_cpu() {
   return v != nullptr && std::string(v) == "1";
 }
 
+// The backend the model tests run on (the CPU one under the harness check).
+std::unique_ptr<ops::Backend> make_backend(bool exact) {
+  if (harness_on_cpu()) return ops::make_cpu_backend(2);
+  cuda::CudaBackendOptions o;
+  o.exact_fp32_matmul = exact;
+  return cuda::make_cuda_backend(o);
+}
+
+// Latitude a case may need beyond the fixture rules.
+struct CheckOptions {
+  // fp32 paths: a greedy divergence is accepted where the reference's top-2
+  // margin is at most this fraction of max |logit| (0: never accepted).
+  double fp32_tie = 0;
+  // Print every prompt's logit errors (always done for 16-bit compute).
+  bool print = false;
+};
+
+// Checks prompt logits and greedy tokens of every prompt of c's
+// expected.json against the reference, on be (made by make_backend(exact)).
+// compute BF16 / F16: the whole forward in that activation dtype (and KV
+// pages); F32: the fp32 paths.
+void check_case(const Case& c, ops::Backend& be, bool exact, DType compute, const CheckOptions& opt = {}) {
+  const bool half = compute != DType::kF32;
+  const bool bf16 = compute == DType::kBF16;
+  auto model = load_model(c.model_path, be, bf16 ? "bfloat16" : half ? "float16" : "float32");
+  ASSERT_TRUE(model.ok()) << model.status().to_string();
+  EXPECT_EQ((*model)->activation_dtype(), compute);
+  const nlohmann::json expected = read_json(c.expected_path);
+  const bool strict = !half && (exact || c.weights == Weights::kFp32Path);
+  const double nmse_bound = bf16                         ? kBf16ComputeNmse
+                            : half                       ? kF16ComputeNmse
+                            : c.weights == Weights::kF16 ? kF16Nmse
+                                                         : kBf16Nmse;
+  const double margin_bound = bf16 ? kBf16ComputeMargin : half ? kF16ComputeMargin : kHalfMargin;
+  ASSERT_FALSE(expected["prompts"].empty());
+  for (const auto& p : expected["prompts"]) {
+    const auto ids = p["ids"].get<std::vector<int32_t>>();
+    const auto positions = p["logits_positions"].get<std::vector<int>>();
+    const auto& ref_logits = p["logits"];
+    ASSERT_EQ(ref_logits.size(), positions.size());
+    const std::string what = c.name + " prompt of " + std::to_string(ids.size()) + " tokens";
+    {
+      BatchRunner runner(**model, 1, static_cast<int>(ids.size()) + 1, static_cast<int>(ids.size()));
+      const auto rows = runner.step({ids}, true);
+      ASSERT_EQ(rows.size(), ids.size());
+      std::vector<float> got;
+      std::vector<double> ref;
+      for (size_t i = 0; i < positions.size(); ++i) {
+        const auto& r = rows[static_cast<size_t>(positions[i])];
+        got.insert(got.end(), r.begin(), r.end());
+        for (const auto& v : ref_logits[i]) ref.push_back(v.get<double>());
+      }
+      ASSERT_EQ(got.size(), ref.size()) << what;
+      const ErrorStats e = error_stats(got.data(), ref.data(), got.size());
+      if (strict) {
+        EXPECT_LE(e.max_rel, kFp32MaxRel) << what << " logits (nmse " << e.nmse << ")";
+      } else {
+        EXPECT_LE(e.nmse, nmse_bound) << what << " logits (max rel " << e.max_rel << ")";
+      }
+      if (half || opt.print) {
+        std::printf("%s %s: logits nmse %.3g max rel %.3g\n", bf16 ? "bf16" : half ? "f16" : "fp32", what.c_str(),
+                    e.nmse, e.max_rel);
+      }
+    }
+    const auto ref_greedy = p["greedy"].get<std::vector<int32_t>>();
+    const auto margins = p["greedy_margins"].get<std::vector<double>>();
+    const double max_abs = p["greedy_logits_max_abs"].get<double>();  // over all greedy steps
+    ASSERT_EQ(margins.size(), ref_greedy.size());
+    BatchRunner runner(**model, 1, static_cast<int>(ids.size() + ref_greedy.size()) + 1,
+                       static_cast<int>(ids.size()));
+    std::vector<float> logits = runner.step({ids})[0];
+    size_t agreed = ref_greedy.size();  // greedy tokens identical to the reference
+    for (size_t s = 0; s < ref_greedy.size(); ++s) {
+      const int32_t tok = argmax(logits);
+      if (tok != ref_greedy[s]) {
+        agreed = s;
+        if (strict && opt.fp32_tie > 0 && margins[s] <= opt.fp32_tie * max_abs) {
+          std::printf("%s fp32 greedy diverges at step %zu of %zu at a tie (reference top-2 margin %.3g = %.3g of "
+                      "max |logit|)\n",
+                      what.c_str(), s, ref_greedy.size(), margins[s], margins[s] / max_abs);
+        } else if (strict) {
+          ADD_FAILURE() << what << ": greedy token " << s << " is " << tok << ", reference " << ref_greedy[s]
+                        << " (reference margin " << margins[s] << ")";
+        } else {
+          EXPECT_LE(margins[s], margin_bound * max_abs)
+              << what << ": greedy diverges at step " << s << " where the reference's top-2 margin is " << margins[s]
+              << " of max |logit| " << max_abs;
+          std::printf("%s greedy diverges at step %zu of %zu (reference top-2 margin %.3g = %.3g of max |logit|)\n",
+                      what.c_str(), s, ref_greedy.size(), margins[s], margins[s] / max_abs);
+        }
+        break;
+      }
+      if (s + 1 < ref_greedy.size()) logits = runner.step({{tok}})[0];
+    }
+    if (opt.print) std::printf("%s greedy: first %zu of %zu tokens identical\n", what.c_str(), agreed, ref_greedy.size());
+  }
+}
+
 class ModelParity : public ::testing::TestWithParam<Case> {
  protected:
   void SetUp() override {
@@ -125,86 +224,12 @@ class ModelParity : public ::testing::TestWithParam<Case> {
     }
   }
 
-  std::unique_ptr<ops::Backend> backend(bool exact) {
-    if (harness_on_cpu()) return ops::make_cpu_backend(2);
-    cuda::CudaBackendOptions o;
-    o.exact_fp32_matmul = exact;
-    return cuda::make_cuda_backend(o);
-  }
+  std::unique_ptr<ops::Backend> backend(bool exact) { return make_backend(exact); }
 
-  // Checks prompt logits and greedy tokens of every prompt against the
-  // reference. compute BF16 / F16: the whole forward in that activation
-  // dtype (and KV pages); F32: the fp32 paths.
   void check_against_reference(bool exact, DType compute = DType::kF32) {
-    const Case& c = GetParam();
     auto be = backend(exact);
     ASSERT_NE(be, nullptr);
-    const bool half = compute != DType::kF32;
-    const bool bf16 = compute == DType::kBF16;
-    auto model = load_model(c.model_path, *be, bf16 ? "bfloat16" : half ? "float16" : "float32");
-    ASSERT_TRUE(model.ok()) << model.status().to_string();
-    EXPECT_EQ((*model)->activation_dtype(), compute);
-    const nlohmann::json expected = read_json(c.expected_path);
-    const bool strict = !half && (exact || c.weights == Weights::kFp32Path);
-    const double nmse_bound = bf16                         ? kBf16ComputeNmse
-                              : half                       ? kF16ComputeNmse
-                              : c.weights == Weights::kF16 ? kF16Nmse
-                                                           : kBf16Nmse;
-    const double margin_bound = bf16 ? kBf16ComputeMargin : half ? kF16ComputeMargin : kHalfMargin;
-    ASSERT_FALSE(expected["prompts"].empty());
-    for (const auto& p : expected["prompts"]) {
-      const auto ids = p["ids"].get<std::vector<int32_t>>();
-      const auto positions = p["logits_positions"].get<std::vector<int>>();
-      const auto& ref_logits = p["logits"];
-      ASSERT_EQ(ref_logits.size(), positions.size());
-      const std::string what = c.name + " prompt of " + std::to_string(ids.size()) + " tokens";
-      {
-        BatchRunner runner(**model, 1, static_cast<int>(ids.size()) + 1, static_cast<int>(ids.size()));
-        const auto rows = runner.step({ids}, true);
-        ASSERT_EQ(rows.size(), ids.size());
-        std::vector<float> got;
-        std::vector<double> ref;
-        for (size_t i = 0; i < positions.size(); ++i) {
-          const auto& r = rows[static_cast<size_t>(positions[i])];
-          got.insert(got.end(), r.begin(), r.end());
-          for (const auto& v : ref_logits[i]) ref.push_back(v.get<double>());
-        }
-        ASSERT_EQ(got.size(), ref.size()) << what;
-        const ErrorStats e = error_stats(got.data(), ref.data(), got.size());
-        if (strict) {
-          EXPECT_LE(e.max_rel, kFp32MaxRel) << what << " logits (nmse " << e.nmse << ")";
-        } else {
-          EXPECT_LE(e.nmse, nmse_bound) << what << " logits (max rel " << e.max_rel << ")";
-        }
-        if (half) {
-          std::printf("%s %s: logits nmse %.3g max rel %.3g\n", bf16 ? "bf16" : "f16", what.c_str(), e.nmse, e.max_rel);
-        }
-      }
-      const auto ref_greedy = p["greedy"].get<std::vector<int32_t>>();
-      const auto margins = p["greedy_margins"].get<std::vector<double>>();
-      const double max_abs = p["greedy_logits_max_abs"].get<double>();  // over all greedy steps
-      ASSERT_EQ(margins.size(), ref_greedy.size());
-      BatchRunner runner(**model, 1, static_cast<int>(ids.size() + ref_greedy.size()) + 1,
-                         static_cast<int>(ids.size()));
-      std::vector<float> logits = runner.step({ids})[0];
-      for (size_t s = 0; s < ref_greedy.size(); ++s) {
-        const int32_t tok = argmax(logits);
-        if (tok != ref_greedy[s]) {
-          if (strict) {
-            ADD_FAILURE() << what << ": greedy token " << s << " is " << tok << ", reference " << ref_greedy[s]
-                          << " (reference margin " << margins[s] << ")";
-          } else {
-            EXPECT_LE(margins[s], margin_bound * max_abs)
-                << what << ": greedy diverges at step " << s << " where the reference's top-2 margin is " << margins[s]
-                << " of max |logit| " << max_abs;
-            std::printf("%s greedy diverges at step %zu of %zu (reference top-2 margin %.3g = %.3g of max |logit|)\n",
-                        what.c_str(), s, ref_greedy.size(), margins[s], margins[s] / max_abs);
-          }
-          break;
-        }
-        if (s + 1 < ref_greedy.size()) logits = runner.step({{tok}})[0];
-      }
-    }
+    check_case(GetParam(), *be, exact, compute);
   }
 };
 
@@ -383,6 +408,55 @@ TEST_P(ModelParityHalfBatching, ChunkedAndBatchedCloseToWhole) {
   }
 }
 INSTANTIATE_TEST_SUITE_P(Fixtures, ModelParityHalfBatching, ::testing::ValuesIn(all_cases()), case_name);
+
+// ---- a ~1B random model ------------------------------------------------------
+
+// fp32 greedy on the 1B model: a divergence is accepted only where the
+// reference's top-2 margin is within twice the fp32 logit tolerance
+// (2 * kFp32MaxRel of max |logit|: both logits may be off by that much).
+// The CPU reference's smallest greedy margin over the 1-, 7- and 40-token
+// prompts was 5.0e-3 = 3.7e-4 of max |logit| (13.5); the osprey CPU backend
+// matched it to 3e-6 of max |logit| with all 96 greedy tokens identical.
+constexpr double kFp32TieMargin = 2 * kFp32MaxRel;
+
+// A random Llama with llama-3.2-1b shapes (1.24e9 parameters, bf16 weights,
+// tied embeddings, llama3 rope scaling), too large to commit: generated on
+// the GPU machine by tests/gpu/make_1b_fixture.py (tests/gpu/run.sh does it
+// with OSPREY_GPU_PARITY_1B=generate) into the folder OSPREY_GPU_PARITY_1B
+// names. Prompts of 1, 7, 40 and 300 tokens; logits at their first, middle
+// and last positions; 32 greedy tokens. fp32 (exact_fp32_matmul): logits
+// within kFp32MaxRel of max |logit| and greedy identical except at a
+// kFp32TieMargin tie; bf16 compute: the fixtures' kBf16ComputeNmse bound and
+// a greedy divergence only within kBf16ComputeMargin of max |logit|.
+TEST(ModelParity1B, Fp32AndBf16) {
+  const char* dir = std::getenv("OSPREY_GPU_PARITY_1B");
+  if (dir == nullptr || *dir == '\0' || std::string(dir) == "generate") {
+    GTEST_SKIP() << "OSPREY_GPU_PARITY_1B is not set to a folder: the 1B model is generated on the GPU machine by "
+                    "tests/gpu/make_1b_fixture.py --out DIR (tests/gpu/run.sh with OSPREY_GPU_PARITY_1B=generate)";
+  }
+  if (!harness_on_cpu()) {
+    ASSERT_GT(cuda::device_count(), 0) << "no CUDA device: the GPU tests need one";
+  }
+  const Case c{"llama_3_2_1b_random", dir, std::string(dir) + "/expected.json", Weights::kBF16};
+  ASSERT_TRUE(fs::exists(c.expected_path)) << c.expected_path << " missing: run tests/gpu/make_1b_fixture.py --out "
+                                           << dir;
+  {
+    SCOPED_TRACE("fp32, exact_fp32_matmul");
+    auto be = make_backend(true);
+    ASSERT_NE(be, nullptr);
+    check_case(c, *be, true, DType::kF32, {kFp32TieMargin, true});
+  }
+  if (harness_on_cpu()) {
+    std::printf("bf16 part skipped: the CPU backend computes in float32 only\n");
+    return;
+  }
+  {
+    SCOPED_TRACE("bf16 compute");
+    auto be = make_backend(false);
+    ASSERT_NE(be, nullptr);
+    check_case(c, *be, false, DType::kBF16, {0, true});
+  }
+}
 
 // ---- the default model -------------------------------------------------------
 

@@ -12,6 +12,12 @@
 #                       both print figures and assert nothing
 #   OSPREY_GPU_TEST_GGUF  SmolLM2 GGUF for the default-model test (else the
 #                       cached default model, else .devdata/*.truncated.gguf)
+#   OSPREY_GPU_PARITY_1B  folder holding a random model of llama-3.2-1b shapes and its transformers
+#                       reference (tests/gpu/make_1b_fixture.py --out), for ModelParity1B.Fp32AndBf16
+#                       (skipped when unset). "generate": write it first, with this machine's python3
+#                       (torch with CUDA, transformers >= 5), into $OSPREY_GPU_PARITY_1B_DIR (default
+#                       ${TMPDIR:-/tmp}/osprey_parity_1b; 2.5 GB), in the background while gpu_tests
+#                       builds; log in $OUT/make_1b_fixture.log; a failed generation fails the run
 #   OSPREY_GPU_SANITIZE=1  afterwards run gpu_tests under compute-sanitizer: memcheck (with
 #                       leak check) on a filter covering every kernel family, racecheck and
 #                       synccheck on the attention / sampling / norm / RoPE kernels (shared
@@ -62,6 +68,17 @@ for mod in libpcre2-8 libutf8proc; do
 done
 [[ -d "$stub_dir" ]] && export PKG_CONFIG_PATH="$stub_dir${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
 
+gen_pid=
+gen_failed=0
+if [[ "${OSPREY_GPU_PARITY_1B:-}" == generate ]]; then
+  gen_dir=${OSPREY_GPU_PARITY_1B_DIR:-${TMPDIR:-/tmp}/osprey_parity_1b}
+  echo "run.sh: generating the 1B parity model into $gen_dir (log: $out/make_1b_fixture.log)"
+  python3 "$root/tests/gpu/make_1b_fixture.py" --out "$gen_dir" >"$out/make_1b_fixture.log" 2>&1 &
+  gen_pid=$!
+  # A failed build exits early: stop the generator with it.
+  trap '[[ -n "$gen_pid" ]] && kill "$gen_pid" 2>/dev/null' EXIT
+fi
+
 t0=$(date +%s)
 cmake "${cmake_args[@]}" >"$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
 targets=(gpu_tests)
@@ -71,6 +88,21 @@ targets=(gpu_tests)
 ninja -C "$build" -j"$(nproc)" "${targets[@]}" >"$out/build.log" 2>&1 || { grep -E 'error|FAILED' -A3 "$out/build.log" | head -60; exit 1; }
 t1=$(date +%s)
 echo "built gpu_tests for sm_$OSPREY_CUDA_ARCHS in $((t1 - t0)) s"
+
+if [[ -n "$gen_pid" ]]; then
+  gen_status=0
+  wait "$gen_pid" || gen_status=$?
+  gen_pid=
+  if [[ $gen_status -eq 0 ]]; then
+    export OSPREY_GPU_PARITY_1B=$gen_dir
+    grep -E '^(prompt of|wrote)' "$out/make_1b_fixture.log" || true
+  else
+    echo "run.sh: tests/gpu/make_1b_fixture.py failed; ModelParity1B will skip" >&2
+    tail -20 "$out/make_1b_fixture.log" >&2
+    unset OSPREY_GPU_PARITY_1B
+    gen_failed=1
+  fi
+fi
 
 bin=$(find "$build/tests" -name gpu_tests -type f -perm -u+x | head -1)
 set +e
@@ -88,7 +120,9 @@ if [[ -n "$engine_bin" && ! -d "$stub_dir" ]]; then
   grep -E '^\[  FAILED  \]|Failure|check failed' "$out/gpu_engine_tests.log" | head -40 || true
 fi
 t2=$(date +%s)
+[[ $gen_failed -eq 1 && $rc -eq 0 ]] && rc=1
 grep -E '^\[  FAILED  \]|Failure|check failed|^default model' "$out/gpu_tests.log" | head -40 || true
+grep -E 'llama_3_2_1b_random prompt' "$out/gpu_tests.log" | head -40 || true
 
 python3 - "$out/gpu_tests.xml" "$gpu_line" "$rc" "$out/gpu_engine_tests.xml" <<'PY'
 import os, sys, xml.etree.ElementTree as ET
