@@ -9,6 +9,7 @@
 #include <map>
 #include <vector>
 
+#include "async_fake.h"
 #include "core_harness.h"
 #include "engine/engine_core.h"
 #include "engine/model_executor.h"
@@ -115,48 +116,7 @@ class DeviceSamplingFake final : public Executor {
     if (!l.ok()) return l.status();
     StepOutput out;
     if (b.num_tokens == 0) return out;
-    const int V = vocab_size();
-    results_.assign(b.sample_rows.size(), DeviceSampleResult{});
-    int scratch_rows = 0;
-    for (size_t i = 0; i < b.sample_rows.size(); ++i) {
-      const DeviceSampleRow& r = b.sample_rows[i];
-      EXPECT_GE(r.logit_row, 0);
-      EXPECT_LT(r.logit_row, static_cast<int>(b.logit_rows.size()));
-      const float* raw = *l + static_cast<size_t>(r.logit_row) * V;
-      std::vector<float> x(raw, raw + V);
-      const int32_t* ids = b.sample_edits.ids.data() + r.edit_begin;
-      const float* vals = b.sample_edits.vals.data() + r.edit_begin;
-      const bool edited = r.num_bias + r.num_mask + r.num_rep + r.num_freq > 0;
-      EXPECT_EQ(r.scratch_row >= 0, edited);
-      if (edited) ++scratch_rows;
-      for (int j = 0; j < r.num_bias; ++j) x[ids[j]] += vals[j];
-      ids += r.num_bias, vals += r.num_bias;
-      for (int j = 0; j < r.num_mask; ++j) x[ids[j]] = -std::numeric_limits<float>::infinity();
-      ids += r.num_mask, vals += r.num_mask;
-      for (int j = 0; j < r.num_rep; ++j) {
-        float& v = x[ids[j]];
-        v = v > 0 ? v / r.repetition_penalty : v * r.repetition_penalty;
-      }
-      ids += r.num_rep, vals += r.num_rep;
-      for (int j = 0; j < r.num_freq; ++j) x[ids[j]] -= vals[j] * r.frequency_penalty + r.presence_penalty;
-      DeviceSampleResult& res = results_[i];
-      if (r.temperature <= kGreedyTemperature) {
-        res.token = argmax(x);
-      } else {
-        Candidates c;
-        truncate_distribution(x, r.temperature, r.min_p, r.top_k, r.top_p, c);
-        res.token = draw(c, sampling_uniform(r.seed, r.seq_index, r.position));
-      }
-      if (r.num_logprobs >= 0) {
-        LogprobData d = compute_logprobs(std::span<const float>(raw, V), res.token, r.num_logprobs);
-        res.logprob = d.logprob;
-        res.rank = d.rank;
-        for (size_t k = 0; k < d.top.size(); ++k) {
-          res.top_ids[k] = d.top[k].first;
-          res.top_logprobs[k] = d.top[k].second;
-        }
-      }
-    }
+    const int scratch_rows = fake_device_sample(b, *l, vocab_size(), results_);
     EXPECT_LE(scratch_rows, limits_.max_scratch_rows);
     device_rows += static_cast<int64_t>(b.sample_rows.size());
     if (!b.need_host_logits) ++steps_without_host_logits;
