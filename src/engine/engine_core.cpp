@@ -168,7 +168,7 @@ void EngineCore::plan_device_sampling(InflightStep& rec) {
     const Sequence& seq = *ss.seq;
     const RequestState& req = *seq.req;
     const SamplingParams& p = req.params;
-    const bool fork = !req.forked && p.n > 1;
+    const bool fork = req.forks_at_next_sample();
     const int count = fork ? p.n : 1;
     const int first = static_cast<int>(batch_.sample_rows.size());
     if (lim.max_rows == 0 || !device_can_sample(p) || first + count > lim.max_rows) {
@@ -203,7 +203,6 @@ void EngineCore::plan_device_sampling(InflightStep& rec) {
     rec.sample_task[i] = first;
   }
   batch_.need_host_logits = host;
-  rec.need_host_logits = host;
 }
 
 void EngineCore::sample_into(Sequence& seq, int index, const float* row, const DeviceSampleResult* device,
@@ -311,7 +310,6 @@ Status EngineCore::launch_next(std::vector<SeqEvent>& events, bool& launched) {
     plan_device_sampling(rec);
   } else {
     rec.sample_task.clear();
-    rec.need_host_logits = false;
     batch_.need_host_logits = false;
   }
   const int64_t t2 = now_ns();
@@ -327,7 +325,7 @@ Status EngineCore::launch_next(std::vector<SeqEvent>& events, bool& launched) {
 
   // Advance every sequence past the step as if it were done: the next
   // schedule sees the positions computed and the sampled tokens (pending).
-  bool may_overlap = async_ && !rec.need_host_logits;
+  bool may_overlap = async_ && !batch_.need_host_logits;
   for (size_t si = 0; si < rec.seqs.size(); ++si) {
     const ScheduledSeq& ss = rec.seqs[si];
     Sequence& seq = *ss.seq;
@@ -346,7 +344,7 @@ Status EngineCore::launch_next(std::vector<SeqEvent>& events, bool& launched) {
       continue;
     }
     const SamplingParams& p = req.params;
-    const bool fork = !req.forked && p.n > 1;
+    const bool fork = req.forks_at_next_sample();
     rec.token_index.push_back(seq.num_tokens());
     seq.tokens.push_back(kPendingToken);
     ++seq.num_pending;
@@ -423,7 +421,7 @@ Status EngineCore::finish_oldest(std::vector<SeqEvent>& events) {
     const float* row =
         device ? nullptr : base + static_cast<size_t>(ss.first_logit_row + ss.num_prompt_logprob_rows) * vocab;
     const int index = rec.token_index[si];
-    if (!req.forked && req.params.n > 1) {
+    if (req.forks_at_next_sample()) {
       // First token of an n > 1 request: the siblings share the prompt's
       // pages. The step was not overlapped: its placeholder is the last token.
       OSP_CHECK_EQ(seq.index, 0);

@@ -144,7 +144,6 @@ class EngineCore {
     std::vector<int> begin;          // per seq: num_computed before the step
     std::vector<int> sample_task;    // per seq: first row in the step's sample_rows, or -1 (host)
     std::vector<int> token_index;    // per seq: index in tokens of its sampled token, or -1
-    bool need_host_logits = false;
     bool next_may_overlap = false;   // the next step may launch before this one is waited for
     bool decode_only = false;
     int num_tokens = 0;

@@ -327,6 +327,12 @@ Status ModelExecutor::initialize_swap(int num_host_blocks) {
   return Status::Ok();
 }
 
+void ModelExecutor::move_blocks(const StepBatch& b) {
+  if (!b.swap_out.empty()) swap_blocks(b.swap_out, true);
+  if (!b.copies.empty()) copy_blocks(b.copies);
+  if (!b.swap_in.empty()) swap_blocks(b.swap_in, false);
+}
+
 void ModelExecutor::swap_blocks(const std::vector<BlockCopy>& copies, bool to_host) {
   size_t ti = 0;
   for (auto& layer : kv_.layers) {
@@ -485,9 +491,7 @@ Expected<StepOutput> ModelExecutor::execute_step(const StepBatch& b) {
   const ops::ProfileStepScope profile_step(profiler_, {b.num_seqs, b.num_tokens, b.q_indptr, b.kv_lens});
   if (on_host_) {
     last_device_ns_ = -1;
-    if (!b.swap_out.empty()) swap_blocks(b.swap_out, true);
-    if (!b.copies.empty()) copy_blocks(b.copies);
-    if (!b.swap_in.empty()) swap_blocks(b.swap_in, false);
+    move_blocks(b);
     return execute_on_host(b);
   }
   if (num_inflight_ > 0) return internal_error("execute_step while launched steps are in flight");
@@ -542,10 +546,8 @@ Status ModelExecutor::enqueue(const StepBatch& b) {
   f.want_logprobs = false;
   f.logits = nullptr;
   f.mark_begin = backend_->timer_mark();
-  // Queued in this order: swap-out, page copies, swap-in, then the forward.
-  if (!b.swap_out.empty()) swap_blocks(b.swap_out, true);
-  if (!b.copies.empty()) copy_blocks(b.copies);
-  if (!b.swap_in.empty()) swap_blocks(b.swap_in, false);
+  // Queued before the forward.
+  move_blocks(b);
   if (b.num_tokens > 0) {
     // Pure decode: one query token per sequence, each sequence's row wanted once.
     bool decode = b.num_tokens == b.num_seqs && num_rows == b.num_seqs;

@@ -121,6 +121,8 @@ class ModelExecutor final : public Executor {
   void copy_blocks(const std::vector<BlockCopy>& copies);
   // Device page -> host slot (to_host) or host slot -> device page, every layer's K and V.
   void swap_blocks(const std::vector<BlockCopy>& copies, bool to_host);
+  // The step's page moves, in this order: swap-out, page copies, swap-in.
+  void move_blocks(const StepBatch& b);
   // CPU backend: the host arrays themselves.
   Expected<StepOutput> execute_on_host(const StepBatch& b);
   Status allocate_step_buffers(int max_tokens, int max_logit_rows, int block_size);

@@ -80,6 +80,8 @@ struct RequestState {
   bool wants_prompt_logprobs() const { return params.prompt_logprobs >= 0; }
   // Sequences the request will occupy once its first token is sampled.
   int seqs_to_reserve() const { return forked ? 1 : params.n; }
+  // Its next sampled token (the first) makes the n - 1 siblings.
+  bool forks_at_next_sample() const { return !forked && params.n > 1; }
 };
 
 }  // namespace osprey
