@@ -12,6 +12,7 @@
 #include <unordered_map>
 #include <variant>
 
+#include "core/hash.h"
 #include "engine/engine_core.h"
 #include "engine/engine_impl.h"
 #include "engine/output_processor.h"
@@ -34,11 +35,6 @@ struct FinishSeqCmd {
 };
 using Command = std::variant<AddCmd, AbortCmd, FinishSeqCmd>;
 
-uint64_t hash_string(const std::string& s) {
-  uint64_t h = 1469598103934665603ULL;
-  for (unsigned char c : s) h = (h ^ c) * 1099511628211ULL;
-  return h;
-}
 }  // namespace
 
 struct Engine::Impl {
@@ -241,7 +237,7 @@ Expected<std::unique_ptr<Engine>> make_engine(const EngineConfig& config, Engine
   }
   cc.block_size = config.block_size;
   cc.enable_prefix_caching = config.enable_prefix_caching;
-  cc.cache_salt = hash_string(config.cache_salt.empty() ? parts.model_path + "|" + config.load_format
+  cc.cache_salt = fnv1a64(config.cache_salt.empty() ? parts.model_path + "|" + config.load_format
                                                         : config.cache_salt);
   cc.max_model_len = max_len;
   cc.async_scheduling = config.async_scheduling;

@@ -5,6 +5,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "core/hash.h"
+
 namespace osprey {
 
 Expected<DummyConfigText> read_dummy_config(const std::string& path) {
@@ -31,16 +33,7 @@ namespace {
 
 // FNV-1a 64 of the name, mixed with the model seed.
 uint64_t name_seed(std::string_view name, uint64_t model_seed) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : name) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h ^ (model_seed * 0x9E3779B97F4A7C15ull);
-}
-
-bool ends_with(std::string_view s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
+  return fnv1a64(name) ^ (model_seed * 0x9E3779B97F4A7C15ull);
 }
 
 }  // namespace
@@ -48,10 +41,10 @@ bool ends_with(std::string_view s, std::string_view suffix) {
 DummyFill dummy_fill(std::string_view name, uint64_t model_seed) {
   DummyFill f;
   f.seed = name_seed(name, model_seed);
-  if (ends_with(name, "norm.weight")) {
+  if (name.ends_with("norm.weight")) {
     f.lo = 1.0f;
     f.hi = 1.0f;
-  } else if (ends_with(name, ".bias")) {
+  } else if (name.ends_with(".bias")) {
     f.lo = -0.01f;
     f.hi = 0.01f;
   } else {

@@ -4,17 +4,14 @@
 #include <cstdio>
 #include <queue>
 
+#include "core/hash.h"
 #include "tokenizer/unicode_text.h"
 
 namespace osprey::tok {
 
 size_t StringHash::operator()(std::string_view s) const noexcept {
   // FNV-1a, 64-bit: short keys dominate, so a simple byte loop is fastest.
-  uint64_t h = 1469598103934665603ull;
-  for (char c : s) {
-    h ^= static_cast<uint8_t>(c);
-    h *= 1099511628211ull;
-  }
+  const uint64_t h = fnv1a64(s);
   return static_cast<size_t>(h ^ (h >> 29));
 }
 
