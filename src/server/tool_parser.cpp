@@ -189,8 +189,6 @@ void ToolCallStream::emit_call(ToolParseResult& out, ToolCall call) {
   ++num_calls_;
 }
 
-void ToolCallStream::emit_raw(ToolParseResult& out, std::string_view text) { emit_content(out, text); }
-
 void ToolCallStream::run(ToolParseResult& out, bool at_end) {
   const std::string_view marker = start_marker(kind_);
   while (true) {
@@ -244,7 +242,7 @@ void ToolCallStream::run(ToolParseResult& out, bool at_end) {
       if (parse_hermes_body(body, calls))
         emit_call(out, std::move(calls[0]));
       else
-        emit_raw(out, std::string_view(pending_).substr(0, raw_end));
+        emit_content(out, std::string_view(pending_).substr(0, raw_end));
       pending_.erase(0, raw_end);
       mode_ = Mode::kContent;
       if (q == std::string::npos) return;
@@ -261,7 +259,7 @@ void ToolCallStream::run(ToolParseResult& out, bool at_end) {
       for (auto& c : calls) emit_call(out, std::move(c));
       emit_content(out, rest);
     } else {
-      emit_raw(out, pending_);
+      emit_content(out, pending_);
     }
     pending_.clear();
     mode_ = Mode::kContent;

@@ -66,7 +66,6 @@ class ToolCallStream {
   void run(ToolParseResult& out, bool at_end);
   void emit_content(ToolParseResult& out, std::string_view text);
   void emit_call(ToolParseResult& out, ToolCall call);
-  void emit_raw(ToolParseResult& out, std::string_view text);
 
   ToolParserKind kind_;
   Mode mode_ = Mode::kStart;
