@@ -6,6 +6,8 @@
 #pragma once
 
 #include <algorithm>
+#include <cstdio>
+#include <functional>
 #include <map>
 #include <vector>
 
@@ -106,6 +108,52 @@ class BatchRunner {
 
 inline int argmax(const std::vector<float>& v) {
   return static_cast<int>(std::max_element(v.begin(), v.end()) - v.begin());
+}
+
+// A dummy Llama-3.2-1B loaded as `dtype` (tag names it in the log) against
+// the same weights in fp32 on the GPU: activations and KV in `act`, half the
+// KV bytes; 32 prompt tokens, 8 greedy steps with logits NMSE <= max_nmse;
+// a greedy divergence only at a near-tie (top-2 gap <= tie_frac * max |logit|).
+inline void expect_dummy_1b_agrees_with_fp32(const char* dtype, DType act, const char* tag, double max_nmse,
+                                             double tie_frac) {
+  ASSERT_GT(cuda::device_count(), 0);
+  auto be = cuda::make_cuda_backend({});
+  ASSERT_NE(be, nullptr);
+  auto load = [&](const char* dt) {
+    ModelLoadOptions o;
+    o.load_format = "dummy";
+    o.dtype = dt;
+    o.dummy_seed = 5;
+    return Model::load("llama-3.2-1b", *be, o);
+  };
+  auto mf = load("float32");
+  ASSERT_TRUE(mf.ok()) << mf.status().to_string();
+  auto mh = load(dtype);
+  ASSERT_TRUE(mh.ok()) << mh.status().to_string();
+  EXPECT_EQ((*mh)->activation_dtype(), act);
+  EXPECT_EQ((*mh)->kv_dtype(), act);
+  EXPECT_EQ((*mh)->kv_bytes_per_token() * 2, (*mf)->kv_bytes_per_token());
+  std::vector<int32_t> prompt;
+  std::mt19937 rng(3);
+  for (int i = 0; i < 32; ++i) prompt.push_back(static_cast<int32_t>(rng() % 128000));
+  BatchRunner rf(**mf, 1, 48, 32), rh(**mh, 1, 48, 32);
+  std::vector<float> lf = rf.step({prompt})[0], lh = rh.step({prompt})[0];
+  for (int s = 0; s < 8; ++s) {
+    const ErrorStats e = error_stats(lh.data(), lf.data(), lf.size());
+    std::printf("dummy llama-3.2-1b step %d: %s vs fp32 logits nmse %.3g max rel %.3g\n", s, tag, e.nmse, e.max_rel);
+    EXPECT_LE(e.nmse, max_nmse) << "step " << s;
+    const int tf = argmax(lf), th = argmax(lh);
+    if (tf != th) {
+      std::vector<float> sorted = lf;
+      std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
+      double max_abs = 0;
+      for (float v : lf) max_abs = std::max(max_abs, std::fabs(double{v}));
+      EXPECT_LE(sorted[0] - sorted[1], tie_frac * max_abs) << "greedy diverges at step " << s << " away from a near-tie";
+      break;
+    }
+    lf = rf.step({{tf}})[0];
+    lh = rh.step({{th}})[0];
+  }
 }
 
 }  // namespace osprey::gpu_test

@@ -17,21 +17,6 @@
 namespace osprey::gpu_test {
 namespace {
 
-// bf16 values of v (rounded), and those values back as floats.
-std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
-  std::vector<uint16_t> out(v.size());
-  for (size_t i = 0; i < v.size(); ++i) out[i] = f32_to_bf16(v[i]);
-  return out;
-}
-std::vector<float> from_bf16(const std::vector<uint16_t>& v) {
-  std::vector<float> out(v.size());
-  for (size_t i = 0; i < v.size(); ++i) out[i] = bf16_to_f32(v[i]);
-  return out;
-}
-std::vector<float> round_bf16(const std::vector<float>& v) {
-  return from_bf16(to_bf16(v));
-}
-
 // Output of 16-bit activations: each element rounded once (2^-9 relative).
 constexpr double kBf16OutNmse = 1e-4;
 
@@ -714,44 +699,7 @@ TEST_F(Bf16Ops, FillUniformAndConvertMatchCpuBitForBit) {
 // A ~1B random model (bundled llama-3.2-1b config, dummy weights) in bf16
 // against the same weights in fp32 on the GPU: 32 prompt tokens, 8 steps.
 TEST(DummyModel, Llama32_1bBf16AgreesWithFp32) {
-  ASSERT_GT(cuda::device_count(), 0);
-  auto be = cuda::make_cuda_backend({});
-  ASSERT_NE(be, nullptr);
-  auto load = [&](const char* dtype) {
-    ModelLoadOptions o;
-    o.load_format = "dummy";
-    o.dtype = dtype;
-    o.dummy_seed = 5;
-    return Model::load("llama-3.2-1b", *be, o);
-  };
-  auto mf = load("float32");
-  ASSERT_TRUE(mf.ok()) << mf.status().to_string();
-  auto mb = load("bfloat16");
-  ASSERT_TRUE(mb.ok()) << mb.status().to_string();
-  EXPECT_EQ((*mb)->activation_dtype(), DType::kBF16);
-  EXPECT_EQ((*mb)->kv_dtype(), DType::kBF16);
-  EXPECT_EQ((*mb)->kv_bytes_per_token() * 2, (*mf)->kv_bytes_per_token());
-  std::vector<int32_t> prompt;
-  std::mt19937 rng(3);
-  for (int i = 0; i < 32; ++i) prompt.push_back(static_cast<int32_t>(rng() % 128000));
-  BatchRunner rf(**mf, 1, 48, 32), rb(**mb, 1, 48, 32);
-  std::vector<float> lf = rf.step({prompt})[0], lb = rb.step({prompt})[0];
-  for (int s = 0; s < 8; ++s) {
-    const ErrorStats e = error_stats(lb.data(), lf.data(), lf.size());
-    std::printf("dummy llama-3.2-1b step %d: bf16 vs fp32 logits nmse %.3g max rel %.3g\n", s, e.nmse, e.max_rel);
-    EXPECT_LE(e.nmse, 2e-2) << "step " << s;
-    const int tf = argmax(lf), tb = argmax(lb);
-    if (tf != tb) {
-      std::vector<float> sorted = lf;
-      std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
-      double max_abs = 0;
-      for (float v : lf) max_abs = std::max(max_abs, std::fabs(double{v}));
-      EXPECT_LE(sorted[0] - sorted[1], 5e-2 * max_abs) << "greedy diverges at step " << s << " away from a near-tie";
-      break;
-    }
-    lf = rf.step({{tf}})[0];
-    lb = rb.step({{tb}})[0];
-  }
+  expect_dummy_1b_agrees_with_fp32("bfloat16", DType::kBF16, "bf16", 2e-2, 5e-2);
 }
 
 }  // namespace

@@ -30,6 +30,32 @@ inline std::vector<float> random_floats(size_t n, uint32_t seed, float lo = -1.0
   return v;
 }
 
+// 16-bit values of v (each rounded once), those values back as floats, and
+// the round trip: bf16 (to_bf16 / from_bf16 / round_bf16) and f16
+// (to_f16 / from_f16 / round_f16).
+inline std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
+  std::vector<uint16_t> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = f32_to_bf16(v[i]);
+  return out;
+}
+inline std::vector<float> from_bf16(const std::vector<uint16_t>& v) {
+  std::vector<float> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = bf16_to_f32(v[i]);
+  return out;
+}
+inline std::vector<float> round_bf16(const std::vector<float>& v) { return from_bf16(to_bf16(v)); }
+inline std::vector<uint16_t> to_f16(const std::vector<float>& v) {
+  std::vector<uint16_t> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = f32_to_fp16(v[i]);
+  return out;
+}
+inline std::vector<float> from_f16(const std::vector<uint16_t>& v) {
+  std::vector<float> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = fp16_to_f32(v[i]);
+  return out;
+}
+inline std::vector<float> round_f16(const std::vector<float>& v) { return from_f16(to_f16(v)); }
+
 // Packs rows x cols floats as dtype t (GGUF-style quantisers; cols % 32 == 0
 // for the quantised types).
 inline std::vector<uint8_t> pack(DType t, const std::vector<float>& src, int64_t rows, int64_t cols) {

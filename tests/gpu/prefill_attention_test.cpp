@@ -27,17 +27,6 @@
 namespace osprey::gpu_test {
 namespace {
 
-std::vector<uint16_t> bf16_bits(const std::vector<float>& v) {
-  std::vector<uint16_t> out(v.size());
-  for (size_t i = 0; i < v.size(); ++i) out[i] = f32_to_bf16(v[i]);
-  return out;
-}
-std::vector<float> bf16_values(const std::vector<uint16_t>& v) {
-  std::vector<float> out(v.size());
-  for (size_t i = 0; i < v.size(); ++i) out[i] = bf16_to_f32(v[i]);
-  return out;
-}
-
 struct Heads {
   int hq, hk, hd;
   int window;  // 0: none
@@ -73,12 +62,12 @@ class Problem {
     }
     n_ = q_indptr_.back();
     const size_t page_elems = static_cast<size_t>(bs) * h.hk * h.hd;
-    k_ = bf16_values(bf16_bits(random_floats(static_cast<size_t>(pages_) * page_elems, seed + 1, -2, 2)));
-    v_ = bf16_values(bf16_bits(random_floats(static_cast<size_t>(pages_) * page_elems, seed + 2, -2, 2)));
-    q_ = bf16_values(bf16_bits(random_floats(static_cast<size_t>(n_) * h.hq * h.hd, seed + 3, -2, 2)));
-    gk_.emplace(upload(gpu, bf16_bits(k_)));
-    gv_.emplace(upload(gpu, bf16_bits(v_)));
-    gq_.emplace(upload(gpu, bf16_bits(q_)));
+    k_ = round_bf16(random_floats(static_cast<size_t>(pages_) * page_elems, seed + 1, -2, 2));
+    v_ = round_bf16(random_floats(static_cast<size_t>(pages_) * page_elems, seed + 2, -2, 2));
+    q_ = round_bf16(random_floats(static_cast<size_t>(n_) * h.hq * h.hd, seed + 3, -2, 2));
+    gk_.emplace(upload(gpu, to_bf16(k_)));
+    gv_.emplace(upload(gpu, to_bf16(v_)));
+    gq_.emplace(upload(gpu, to_bf16(q_)));
     go_.emplace(gpu, q_.size() * 2);
     d_qi_.emplace(upload(gpu, q_indptr_));
     d_kl_.emplace(upload(gpu, kv_lens_));
@@ -193,7 +182,7 @@ class Problem {
   // Every element written and finite; every stride-th token and the last of
   // each sequence within bf16 rounding of the reference (kept across calls).
   void check(ops::Backend& gpu, int stride, const std::string& what) {
-    const auto got = bf16_values(output(gpu));
+    const auto got = from_bf16(output(gpu));
     for (size_t i = 0; i < got.size(); ++i) {
       ASSERT_TRUE(std::isfinite(got[i])) << what << ": element " << i << " unwritten or not finite";
     }
@@ -315,7 +304,7 @@ TEST_F(PrefillAttention, QkvRopeKvWriteBothKernelsMatchCpu) {
     const int n = 300, bs = 16, blocks = 24, slots_total = bs * blocks;
     const int64_t cols = int64_t{c.hq + 2 * c.hk} * c.hd;
     auto qkv = random_floats(static_cast<size_t>(n * cols), 31, -2, 2);
-    if (c.act == DType::kBF16) qkv = bf16_values(bf16_bits(qkv));
+    if (c.act == DType::kBF16) qkv = round_bf16(qkv);
     std::vector<int32_t> pos(static_cast<size_t>(n)), slots(static_cast<size_t>(n));
     std::vector<int32_t> perm(static_cast<size_t>(slots_total));
     std::iota(perm.begin(), perm.end(), 0);
@@ -347,7 +336,7 @@ TEST_F(PrefillAttention, QkvRopeKvWriteBothKernelsMatchCpu) {
                             c.norm ? Tensor(qn_c.data(), DType::kF32, {c.hd}) : Tensor(),
                             c.norm ? Tensor(kn_c.data(), DType::kF32, {c.hd}) : Tensor(), 1e-6f, rt, cb, ckv, cq3);
     // GPU.
-    auto gqkv = c.act == DType::kF32 ? upload(gpu(), qkv) : upload(gpu(), bf16_bits(qkv));
+    auto gqkv = c.act == DType::kF32 ? upload(gpu(), qkv) : upload(gpu(), to_bf16(qkv));
     auto gpos = upload(gpu(), pos), gslots = upload(gpu(), slots), ginv = upload(gpu(), inv);
     auto gqn = upload(gpu(), qn), gkn = upload(gpu(), kn);
     DeviceMem gk(gpu(), cache_elems * kv_es), gv(gpu(), cache_elems * kv_es);
@@ -374,7 +363,7 @@ TEST_F(PrefillAttention, QkvRopeKvWriteBothKernelsMatchCpu) {
                              (c.norm ? " norm" : "") + " act " + std::string(dtype_name(c.act)) + " kv " +
                              std::string(dtype_name(c.kv));
     const std::vector<float> q_got = c.act == DType::kF32 ? download<float>(gpu(), gq, cq.size())
-                                                          : bf16_values(download<uint16_t>(gpu(), gq, cq.size()));
+                                                          : from_bf16(download<uint16_t>(gpu(), gq, cq.size()));
     // fp32: only the norm's summation order differs; bf16: one output rounding.
     const double nmse = c.act == DType::kF32 ? 1e-11 : 1e-4;
     const double rel = c.act == DType::kF32 ? 1e-5 : 2e-2;
