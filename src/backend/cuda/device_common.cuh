@@ -116,6 +116,41 @@ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
     }                                                                                      \
   } while (0)
 
+// Runs `body` with `constexpr DType W` bound to weight dtype `dt` (F32, F16,
+// BF16, Q8_0, Q4_0, Q4_1: the dtypes of dequant.cuh); other dtypes abort with
+// `what` followed by the dtype's name.
+#define OSP_DISPATCH_WEIGHT(dt, W, what, ...)                                              \
+  do {                                                                                     \
+    switch (dt) {                                                                          \
+      case ::osprey::DType::kF32: {                                                        \
+        constexpr ::osprey::DType W = ::osprey::DType::kF32;                               \
+        __VA_ARGS__;                                                                       \
+      } break;                                                                             \
+      case ::osprey::DType::kF16: {                                                        \
+        constexpr ::osprey::DType W = ::osprey::DType::kF16;                               \
+        __VA_ARGS__;                                                                       \
+      } break;                                                                             \
+      case ::osprey::DType::kBF16: {                                                       \
+        constexpr ::osprey::DType W = ::osprey::DType::kBF16;                              \
+        __VA_ARGS__;                                                                       \
+      } break;                                                                             \
+      case ::osprey::DType::kQ8_0: {                                                       \
+        constexpr ::osprey::DType W = ::osprey::DType::kQ8_0;                              \
+        __VA_ARGS__;                                                                       \
+      } break;                                                                             \
+      case ::osprey::DType::kQ4_0: {                                                       \
+        constexpr ::osprey::DType W = ::osprey::DType::kQ4_0;                              \
+        __VA_ARGS__;                                                                       \
+      } break;                                                                             \
+      case ::osprey::DType::kQ4_1: {                                                       \
+        constexpr ::osprey::DType W = ::osprey::DType::kQ4_1;                              \
+        __VA_ARGS__;                                                                       \
+      } break;                                                                             \
+      default:                                                                             \
+        OSP_CHECK_MSG(false, what << ::osprey::dtype_name(dt));                            \
+    }                                                                                      \
+  } while (0)
+
 // Eight consecutive activations p[0..8) as fp32; p 16-byte aligned (32 for float).
 template <class T>
 __device__ __forceinline__ void load8_act(const T* p, float out[8]);

@@ -47,6 +47,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "backend/cuda/attention/mma_ptx.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_common.cuh"
 #include "backend/cuda/kernels.h"
@@ -58,28 +59,6 @@ namespace {
 
 constexpr int kThreads = 128;
 constexpr int kUnroll = 4;
-
-// Eight consecutive page values as fp32 (16-bit pages: one 16-byte load;
-// fp32 pages: two).
-template <class KvT>
-__device__ __forceinline__ void load8_kv(const KvT* p, float out[8]) {
-  if constexpr (std::is_same_v<KvT, float>) {
-    load8_act<float>(p, out);
-  } else {
-    const uint4 v = *reinterpret_cast<const uint4*>(p);
-    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      if constexpr (std::is_same_v<KvT, __half>) {
-        out[2 * j] = __half2float(__ushort_as_half(static_cast<uint16_t>(w[j] & 0xffffu)));
-        out[2 * j + 1] = __half2float(__ushort_as_half(static_cast<uint16_t>(w[j] >> 16)));
-      } else {
-        out[2 * j] = __uint_as_float(w[j] << 16);
-        out[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
-      }
-    }
-  }
-}
 
 template <int kHd, int kG, class KvT, class QT>
 __global__ void __launch_bounds__(kThreads) simt_decode_kernel(PagedAttentionArgs a) {
@@ -144,8 +123,8 @@ __global__ void __launch_bounds__(kThreads) simt_decode_kernel(PagedAttentionArg
       valid[u] = p < my_hi;
       if (valid[u]) {
         const int64_t slot = static_cast<int64_t>(pages[p / bs]) * bs + p % bs;
-        load8_kv<KvT>(kc + slot * slot_stride + row_off, kv[u]);
-        load8_kv<KvT>(vc + slot * slot_stride + row_off, vv[u]);
+        load8_act<KvT>(kc + slot * slot_stride + row_off, kv[u]);
+        load8_act<KvT>(vc + slot * slot_stride + row_off, vv[u]);
       }
     }
     float s[kUnroll][kG];
@@ -247,36 +226,6 @@ constexpr size_t mma_smem_bytes() {
   constexpr size_t pipe = size_t{kMmaWarps} * kStages * 2 * kTileKeys * kHd * 2;
   constexpr size_t merge = sizeof(float) * kMmaWarps * kG * (kHd + 2);
   return pipe > merge ? pipe : merge;
-}
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-// 16-byte async copy; src_bytes == 0 writes zeros and reads nothing.
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::);
-}
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-}
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
-}
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
 }
 
 // m16n8k16 with fp32 accumulators for a 16-bit type T whose A operand has

@@ -29,6 +29,7 @@
 #include <climits>
 #include <cstdint>
 
+#include "backend/cuda/attention/mma_ptx.cuh"
 #include "backend/cuda/attention/prefill_attention_mma.h"
 #include "backend/cuda/cuda_check.h"
 
@@ -53,32 +54,6 @@ struct MmaLayout {
   static constexpr size_t rows = slot + sizeof(int) * 2 * kN;       // int [2][kM]: each row's key range [lo, hi)
   static constexpr size_t bytes = rows + sizeof(int) * 2 * kM;
 };
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16-byte async copy; src_bytes == 0 writes zeros.
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::);
-}
-__device__ __forceinline__ void cp_async_wait_all() {
-  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-}
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
-}
 
 // c[16x8] += a[16x16] b[16x8], bf16 operands, fp32 accumulators.
 __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
@@ -109,11 +84,6 @@ __device__ __forceinline__ void row_range(const PagedAttentionArgs& a, int q_beg
   }
 }
 
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
 
 // kQRegs: Q fragments live in registers for the whole key loop (else they
 // are re-read from shared memory at each k step, to save registers);
@@ -205,7 +175,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
     sRange[warp * 2] = wlo;
     sRange[warp * 2 + 1] = whi;
   }
-  cp_async_wait_all();
+  cp_async_wait<0>();
   __syncthreads();
   int tile_lo = INT_MAX, tile_hi = INT_MIN;
 #pragma unroll
@@ -288,7 +258,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
   }
   int buf = 0;
   for (int kb = tile_lo; kb < tile_hi; kb += kN, buf ^= 1) {
-    cp_async_wait_all();
+    cp_async_wait<0>();
     // Tile kb landed for all; every warp is done with the other ring slot,
     // and sSlot[buf ^ 1] (stored an iteration ago) is visible.
     __syncthreads();

@@ -137,28 +137,9 @@ void launch_embedding(DType dtype, const void* table, int64_t row_bytes, int64_t
   const dim3 grid(static_cast<unsigned>(n));
   OSP_DISPATCH_ACT(out_dtype, O, {
     O* o = static_cast<O*>(out);
-    switch (dtype) {
-      case DType::kF32:
-        launch_pdl(embedding_kernel<DType::kF32, O>, grid, dim3(threads), 0, stream, t, row_bytes, vocab, d, ids, o);
-        break;
-      case DType::kF16:
-        launch_pdl(embedding_kernel<DType::kF16, O>, grid, dim3(threads), 0, stream, t, row_bytes, vocab, d, ids, o);
-        break;
-      case DType::kBF16:
-        launch_pdl(embedding_kernel<DType::kBF16, O>, grid, dim3(threads), 0, stream, t, row_bytes, vocab, d, ids, o);
-        break;
-      case DType::kQ8_0:
-        launch_pdl(embedding_kernel<DType::kQ8_0, O>, grid, dim3(threads), 0, stream, t, row_bytes, vocab, d, ids, o);
-        break;
-      case DType::kQ4_0:
-        launch_pdl(embedding_kernel<DType::kQ4_0, O>, grid, dim3(threads), 0, stream, t, row_bytes, vocab, d, ids, o);
-        break;
-      case DType::kQ4_1:
-        launch_pdl(embedding_kernel<DType::kQ4_1, O>, grid, dim3(threads), 0, stream, t, row_bytes, vocab, d, ids, o);
-        break;
-      default:
-        OSP_CHECK_MSG(false, "embedding: unsupported table dtype " << dtype_name(dtype));
-    }
+    OSP_DISPATCH_WEIGHT(
+        dtype, W, "embedding: unsupported table dtype ",
+        launch_pdl(embedding_kernel<W, O>, grid, dim3(threads), 0, stream, t, row_bytes, vocab, d, ids, o));
   });
 }
 

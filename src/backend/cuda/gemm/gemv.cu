@@ -266,28 +266,8 @@ void gemv_for_types(DType dtype, const void* w, int64_t row_bytes, int64_t m, in
                     const float* bias, void* out, cudaStream_t stream) {
   const auto* xp = static_cast<const XT*>(x);
   auto* op = static_cast<OT*>(out);
-  switch (dtype) {
-    case DType::kF32:
-      gemv_typed<DType::kF32>(w, row_bytes, m, k, xp, n, bias, op, stream);
-      break;
-    case DType::kF16:
-      gemv_typed<DType::kF16>(w, row_bytes, m, k, xp, n, bias, op, stream);
-      break;
-    case DType::kBF16:
-      gemv_typed<DType::kBF16>(w, row_bytes, m, k, xp, n, bias, op, stream);
-      break;
-    case DType::kQ8_0:
-      gemv_typed<DType::kQ8_0>(w, row_bytes, m, k, xp, n, bias, op, stream);
-      break;
-    case DType::kQ4_0:
-      gemv_typed<DType::kQ4_0>(w, row_bytes, m, k, xp, n, bias, op, stream);
-      break;
-    case DType::kQ4_1:
-      gemv_typed<DType::kQ4_1>(w, row_bytes, m, k, xp, n, bias, op, stream);
-      break;
-    default:
-      OSP_CHECK_MSG(false, "gemv: unsupported weight dtype " << dtype_name(dtype));
-  }
+  OSP_DISPATCH_WEIGHT(dtype, W, "gemv: unsupported weight dtype ",
+                      gemv_typed<W>(w, row_bytes, m, k, xp, n, bias, op, stream));
 }
 
 }  // namespace
@@ -319,28 +299,8 @@ void launch_dequant_rows(DType dtype, const void* w, int64_t row_bytes, int64_t 
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(ceil_div(rows * k, 256), 65535 * 16));
   OSP_DISPATCH_ACT(out_dtype, OT, {
     OT* d = static_cast<OT*>(dst);
-    switch (dtype) {
-      case DType::kF32:
-        dequant_rows_kernel<DType::kF32, OT><<<grid, 256, 0, stream>>>(wp, row_bytes, rows, k, d);
-        break;
-      case DType::kF16:
-        dequant_rows_kernel<DType::kF16, OT><<<grid, 256, 0, stream>>>(wp, row_bytes, rows, k, d);
-        break;
-      case DType::kBF16:
-        dequant_rows_kernel<DType::kBF16, OT><<<grid, 256, 0, stream>>>(wp, row_bytes, rows, k, d);
-        break;
-      case DType::kQ8_0:
-        dequant_rows_kernel<DType::kQ8_0, OT><<<grid, 256, 0, stream>>>(wp, row_bytes, rows, k, d);
-        break;
-      case DType::kQ4_0:
-        dequant_rows_kernel<DType::kQ4_0, OT><<<grid, 256, 0, stream>>>(wp, row_bytes, rows, k, d);
-        break;
-      case DType::kQ4_1:
-        dequant_rows_kernel<DType::kQ4_1, OT><<<grid, 256, 0, stream>>>(wp, row_bytes, rows, k, d);
-        break;
-      default:
-        OSP_CHECK_MSG(false, "dequant_rows: unsupported weight dtype " << dtype_name(dtype));
-    }
+    OSP_DISPATCH_WEIGHT(dtype, W, "dequant_rows: unsupported weight dtype ",
+                        dequant_rows_kernel<W, OT><<<grid, 256, 0, stream>>>(wp, row_bytes, rows, k, d));
   });
   OSP_CUDA_CHECK_LAUNCH();
 }

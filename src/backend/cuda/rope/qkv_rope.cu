@@ -123,16 +123,7 @@ __global__ void __launch_bounds__(kWarps * 32) qkv_rope_kernel(QkvRopeArgs a) {
 constexpr int kVecThreads = 256;
 constexpr int kVecMaxHd = kMaxHd;
 
-// 8 consecutive elements (16-byte aligned) to / from fp32.
-template <class T>
-__device__ __forceinline__ void load8(const T* p, float (&v)[8]) {
-  constexpr int kVec = static_cast<int>(sizeof(T)) / 2;  // uint4 per 8 elements
-  alignas(16) T e[8];
-#pragma unroll
-  for (int i = 0; i < kVec; ++i) reinterpret_cast<uint4*>(e)[i] = reinterpret_cast<const uint4*>(p)[i];
-#pragma unroll
-  for (int i = 0; i < 8; ++i) v[i] = to_float(e[i]);
-}
+// 8 consecutive elements (16-byte aligned) from fp32 (load8_act reads them).
 template <class T>
 __device__ __forceinline__ void store8(T* p, const float (&v)[8]) {
   constexpr int kVec = static_cast<int>(sizeof(T)) / 2;
@@ -164,8 +155,8 @@ __global__ void __launch_bounds__(kVecThreads) qkv_rope_vec_kernel(QkvRopeArgs a
   float v1[8], v2[8];  // dims 8j + e and half + 8j + e
   if (active) {
     const T* src = static_cast<const T*>(a.qkv) + (t * heads + h) * static_cast<int64_t>(hd);
-    load8(src + 8 * j, v1);
-    load8(src + half + 8 * j, v2);
+    load8_act<T>(src + 8 * j, v1);
+    load8_act<T>(src + half + 8 * j, v2);
   }
   const float pos = static_cast<float>(a.positions[t]);
   for (int i = threadIdx.x; i < half; i += blockDim.x) {
