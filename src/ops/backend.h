@@ -198,18 +198,6 @@ class Backend {
   virtual void begin_capture() {}
   virtual std::unique_ptr<Graph> end_capture() { return nullptr; }
 
-  // Device time of queued work, for the GPU-busy fraction: start() and
-  // stop() mark the stream; elapsed_ms() after a synchronize() is the time
-  // between the marks. Null where there is no device clock (CPU).
-  class Timer {
-   public:
-    virtual ~Timer() = default;
-    virtual void start() = 0;
-    virtual void stop() = 0;
-    virtual double elapsed_ms() = 0;
-  };
-  virtual std::unique_ptr<Timer> make_timer() { return nullptr; }
-
   // Timer marks, for the per-op profile (ops/profiling_backend.h): mark()
   // records a point in the queued work and returns its id; elapsed_ms(a, b)
   // is the device time from mark a to a later mark b in milliseconds, waiting

@@ -135,7 +135,6 @@ class ProfilingBackend final : public Backend {
   bool supports_graphs() const override { return inner_->supports_graphs(); }
   void begin_capture() override;
   std::unique_ptr<Graph> end_capture() override;
-  std::unique_ptr<Timer> make_timer() override { return inner_->make_timer(); }
   uint64_t timer_mark() override { return inner_->timer_mark(); }
   double timer_elapsed_ms(uint64_t a, uint64_t b) override { return inner_->timer_elapsed_ms(a, b); }
 

@@ -69,7 +69,6 @@ class CudaBackend final : public ops::Backend {
   bool supports_graphs() const override { return true; }
   void begin_capture() override;
   std::unique_ptr<Graph> end_capture() override;
-  std::unique_ptr<Timer> make_timer() override;
   // Timer marks: a ring of kTimerMarksHeld events recorded on the compute stream (cuda_profile.cpp).
   uint64_t timer_mark() override;
   double timer_elapsed_ms(uint64_t a, uint64_t b) override;

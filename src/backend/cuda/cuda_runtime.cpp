@@ -9,43 +9,6 @@
 
 namespace osprey::cuda {
 
-namespace {
-
-class CudaTimer final : public ops::Backend::Timer {
- public:
-  explicit CudaTimer(cudaStream_t stream) : stream_(stream) {
-    OSP_CUDA_CHECK(cudaEventCreate(&begin_));
-    OSP_CUDA_CHECK(cudaEventCreate(&end_));
-  }
-  ~CudaTimer() override {
-    (void)cudaEventDestroy(begin_);
-    (void)cudaEventDestroy(end_);
-  }
-  CudaTimer(const CudaTimer&) = delete;
-  CudaTimer& operator=(const CudaTimer&) = delete;
-  void start() override { OSP_CUDA_CHECK(cudaEventRecord(begin_, stream_)); }
-  void stop() override { OSP_CUDA_CHECK(cudaEventRecord(end_, stream_)); }
-  double elapsed_ms() override {
-    float ms = 0.0f;
-    if (cudaEventElapsedTime(&ms, begin_, end_) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return -1.0;
-    }
-    return ms;
-  }
-
- private:
-  cudaStream_t stream_;
-  cudaEvent_t begin_ = nullptr, end_ = nullptr;
-};
-
-}  // namespace
-
-std::unique_ptr<ops::Backend::Timer> CudaBackend::make_timer() {
-  bind_device();
-  return std::make_unique<CudaTimer>(stream_);
-}
-
 void* CudaBackend::alloc_host(size_t bytes) {
   bind_device();
   void* p = nullptr;

@@ -84,10 +84,6 @@ class RecordingBackend final : public ops::Backend {
     hit("end_capture");
     return nullptr;
   }
-  std::unique_ptr<Timer> make_timer() override {
-    hit("make_timer");
-    return nullptr;
-  }
   uint64_t timer_mark() override {
     hit("timer_mark");
     return next_mark++;
@@ -184,13 +180,12 @@ TEST(ProfilingBackend, ForwardsEveryVirtual) {
   EXPECT_TRUE(p.supports_graphs());
   p.begin_capture();
   EXPECT_EQ(p.end_capture(), nullptr);
-  EXPECT_EQ(p.make_timer(), nullptr);
   const uint64_t a = p.timer_mark(), b = p.timer_mark();
   EXPECT_EQ(b, a + 1);
   EXPECT_DOUBLE_EQ(p.timer_elapsed_ms(a, b + 2), 3.0);
   call_every_op(p);
   for (const char* op : {"alloc", "free", "copy_to_device", "copy_to_host", "synchronize", "alloc_host", "free_host",
-                         "memory_info", "begin_capture", "end_capture", "make_timer"})
+                         "memory_info", "begin_capture", "end_capture"})
     EXPECT_EQ(rec.calls[op], 1) << op;
   for (const char* op : kOps) EXPECT_EQ(rec.calls[op], 1) << op;
   EXPECT_EQ(rec.calls["timer_mark"], 2);  // outside a step nothing is timed
