@@ -2,6 +2,7 @@
 // shapes (SmolLM2-135M: hidden 576, ffn 1536, kv 192, vocab 49152).
 //
 //   cpu_kernels_bench [--threads N] [--isa auto|scalar|avx2] [--reps R]
+//                     [--batch N [--q8] [--cold]] [--attention CTX [--batch N] [--kv f32|f16|bf16|all]]
 //
 // Prints, per (weight dtype, m x k, n): microseconds per call, GFLOP/s and the
 // weight bytes streamed per second. "hot" reuses one weight matrix (it sits in
@@ -66,6 +67,9 @@ struct Args {
   int reps = 0;  // 0: auto
   int batch = 0;  // > 0: only the batched-decode shapes at n = batch
   bool q8 = false;  // --q8: CpuBackendOptions::quantize_activations
+  bool cold = false;  // --cold: --batch shapes cycle through weight copies (from DRAM, as in decode)
+  int attention_ctx = 0;  // > 0: time one decode step's paged attention at this context length
+  std::string kv = "all";  // --kv f32|f16|bf16|all: KV page dtypes for --attention
 };
 
 void bench_matmul(osprey::cpu::CpuBackend& be, DType t, int64_t m, int64_t k, int64_t n, bool cold, int reps) {
@@ -244,6 +248,86 @@ void bench_crossover(osprey::cpu::CpuBackend& be, int reps) {
   be.set_gemv_max_rows(3);
 }
 
+// One decode step's paged attention of SmolLM2-135M (30 layers, 9 query
+// heads over 3 KV heads of 64, pages of 16 tokens): `batch` sequences of
+// `ctx` tokens each, every layer with its own KV pool from the backend's
+// allocator, so that the K/V rows come from DRAM as in the engine (ctx * 46 KB
+// per sequence and step in F32).
+void bench_attention(osprey::cpu::CpuBackend& be, int batch, int ctx, DType page_dtype, int reps) {
+  const int64_t layers = 30, hq = 9, hk = 3, hd = 64, bs = 16;
+  const int64_t pages_per_seq = (ctx + bs - 1) / bs;
+  const int64_t num_blocks = pages_per_seq * batch;
+  const int64_t es = page_dtype == DType::kF32 ? 4 : 2;
+  const size_t page_bytes = static_cast<size_t>(num_blocks * bs * hk * hd * es);
+  // Pages from the backend's allocator, as the engine's KV pool.
+  std::vector<uint8_t*> kp(static_cast<size_t>(layers)), vp(static_cast<size_t>(layers));
+  std::mt19937 rng(7);
+  for (int64_t l = 0; l < layers; ++l) {
+    kp[static_cast<size_t>(l)] = static_cast<uint8_t*>(be.alloc(page_bytes));
+    vp[static_cast<size_t>(l)] = static_cast<uint8_t*>(be.alloc(page_bytes));
+    for (uint8_t* buf : {kp[static_cast<size_t>(l)], vp[static_cast<size_t>(l)]}) {
+      for (size_t i = 0; i < page_bytes / static_cast<size_t>(es); ++i) {
+        const float v = 0.01f * static_cast<float>(static_cast<int>(rng() % 200) - 100);
+        if (page_dtype == DType::kF32) {
+          std::memcpy(buf + i * 4, &v, 4);
+        } else {
+          const uint16_t h = page_dtype == DType::kF16 ? osprey::f32_to_fp16(v) : osprey::f32_to_bf16(v);
+          std::memcpy(buf + i * 2, &h, 2);
+        }
+      }
+    }
+  }
+  // Page p of sequence s: by default p * batch + s, the order in which a
+  // fresh pool hands pages to sequences that grow in lockstep; with
+  // OSP_BENCH_SHUFFLE_PAGES set, a random permutation (a pool after churn).
+  std::vector<int32_t> perm(static_cast<size_t>(num_blocks));
+  for (int64_t s = 0; s < batch; ++s)
+    for (int64_t p = 0; p < pages_per_seq; ++p)
+      perm[static_cast<size_t>(s * pages_per_seq + p)] = static_cast<int32_t>(p * batch + s);
+  if (std::getenv("OSP_BENCH_SHUFFLE_PAGES") != nullptr) std::shuffle(perm.begin(), perm.end(), rng);
+  std::vector<int32_t> q_indptr, kv_lens, block_indptr{0}, positions, slots(static_cast<size_t>(batch), -1);
+  for (int s = 0; s <= batch; ++s) q_indptr.push_back(s);
+  for (int s = 0; s < batch; ++s) {
+    kv_lens.push_back(ctx);
+    positions.push_back(ctx - 1);
+    block_indptr.push_back(static_cast<int32_t>((s + 1) * pages_per_seq));
+  }
+  osprey::ops::AttentionBatch ab;
+  ab.num_seqs = batch;
+  ab.num_tokens = batch;
+  ab.max_kv_len = ctx;
+  ab.max_q_len = 1;
+  ab.q_indptr = q_indptr.data();
+  ab.kv_lens = kv_lens.data();
+  ab.block_indptr = block_indptr.data();
+  ab.block_indices = perm.data();
+  ab.positions = positions.data();
+  ab.slot_mapping = slots.data();
+  std::vector<float> q(static_cast<size_t>(batch * hq * hd), 0.05f), o(q.size());
+  Tensor qt(q.data(), DType::kF32, {batch, hq, hd});
+  Tensor ot(o.data(), DType::kF32, {batch, hq, hd});
+  std::vector<double> times;
+  for (int r = 0; r < reps + 2; ++r) {
+    const auto t0 = Clock::now();
+    for (int64_t l = 0; l < layers; ++l) {
+      osprey::ops::LayerKv kv;
+      kv.k = Tensor(kp[static_cast<size_t>(l)], page_dtype, {num_blocks, bs, hk, hd});
+      kv.v = Tensor(vp[static_cast<size_t>(l)], page_dtype, {num_blocks, bs, hk, hd});
+      be.paged_attention(qt, kv, ab, 0.125f, 0, ot);
+    }
+    if (r >= 2) times.push_back(seconds_since(t0));
+  }
+  for (int64_t l = 0; l < layers; ++l) {
+    be.free(kp[static_cast<size_t>(l)]);
+    be.free(vp[static_cast<size_t>(l)]);
+  }
+  std::sort(times.begin(), times.end());
+  const double kv_bytes = static_cast<double>(layers * batch) * ctx * hk * hd * es * 2;
+  std::printf("attention %s, %d seqs x %d ctx, 30 layers (%.1f MB of K/V): best %.2f ms, median %.2f ms, %.1f GB/s\n",
+              std::string(osprey::dtype_name(page_dtype)).c_str(), batch, ctx, kv_bytes / 1e6, times[0] * 1e3,
+              times[times.size() / 2] * 1e3, kv_bytes / times[0] * 1e-9);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -256,6 +340,12 @@ int main(int argc, char** argv) {
       a.reps = std::atoi(argv[++i]);
     } else if (s == "--batch" && i + 1 < argc) {
       a.batch = std::atoi(argv[++i]);
+    } else if (s == "--attention" && i + 1 < argc) {
+      a.attention_ctx = std::atoi(argv[++i]);
+    } else if (s == "--kv" && i + 1 < argc) {
+      a.kv = argv[++i];
+    } else if (s == "--cold") {
+      a.cold = true;
     } else if (s == "--q8") {
       a.q8 = true;
     } else if (s == "--isa" && i + 1 < argc) {
@@ -264,7 +354,7 @@ int main(int argc, char** argv) {
               : v == "avx2" ? osprey::cpu::Isa::kAvx2
                             : osprey::cpu::Isa::kAuto;
     } else {
-      std::fprintf(stderr, "usage: %s [--threads N] [--isa auto|scalar|avx2] [--reps R] [--batch N] [--q8]\n",
+      std::fprintf(stderr, "usage: %s [--threads N] [--isa auto|scalar|avx2] [--reps R] [--batch N] [--q8] [--cold] [--attention CTX [--kv f32|f16|bf16|all]]\n",
                    argv[0]);
       return 2;
     }
@@ -276,10 +366,18 @@ int main(int argc, char** argv) {
   auto be = osprey::cpu::make_cpu_backend(o);
   std::printf("backend %s, %d threads, 8-bit activations: %s\n", be->name(), be->num_threads(),
               be->q8_isa_name() ? be->q8_isa_name() : "off");
+  if (a.attention_ctx > 0) {  // one decode step's attention, --batch sequences (default 32)
+    for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
+      const std::string name = t == DType::kF32 ? "f32" : t == DType::kF16 ? "f16" : "bf16";
+      if (a.kv != "all" && a.kv != name) continue;
+      bench_attention(*be, a.batch > 0 ? a.batch : 32, a.attention_ctx, t, a.reps > 0 ? a.reps : 20);
+    }
+    return 0;
+  }
   if (a.batch > 0) {  // batched decode: every layer shape and the lm_head at n = batch
     const std::pair<int64_t, int64_t> mk[] = {{576, 576}, {192, 576}, {1536, 576}, {576, 1536}};
-    for (auto [m, k] : mk) bench_matmul(*be, DType::kQ4_1, m, k, a.batch, /*cold=*/false, a.reps);
-    bench_matmul(*be, DType::kQ8_0, 49152, 576, a.batch, /*cold=*/false, a.reps);
+    for (auto [m, k] : mk) bench_matmul(*be, DType::kQ4_1, m, k, a.batch, a.cold, a.reps);
+    bench_matmul(*be, DType::kQ8_0, 49152, 576, a.batch, a.cold, a.reps);
     bench_matmul(*be, DType::kQ8_0, 1536, 576, a.batch, /*cold=*/false, a.reps);
     bench_matmul(*be, DType::kQ4_1, 49152, 576, a.batch, /*cold=*/false, a.reps);
     bench_matmul(*be, DType::kQ8_0, 6144, 576, a.batch, /*cold=*/false, a.reps);

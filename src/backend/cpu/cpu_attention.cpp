@@ -19,19 +19,6 @@ bool is_page_dtype(DType t) {
   return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16;
 }
 
-// Returns row `row` (head_dim elements) of a page tensor as fp32, converting
-// into buf when the pages are not fp32.
-inline const float* page_row(const void* base, DType t, int64_t row, int64_t hd, float* buf) {
-  if (t == DType::kF32) return static_cast<const float*>(base) + row * hd;
-  const uint16_t* p = static_cast<const uint16_t*>(base) + row * hd;
-  if (t == DType::kF16) {
-    for (int64_t i = 0; i < hd; ++i) buf[i] = fp16_to_f32(p[i]);
-  } else {
-    for (int64_t i = 0; i < hd; ++i) buf[i] = bf16_to_f32(p[i]);
-  }
-  return buf;
-}
-
 void store_row(const float* src, void* base, DType t, int64_t row, int64_t len) {
   if (t == DType::kF32) {
     std::memcpy(static_cast<float*>(base) + row * len, src, static_cast<size_t>(len) * sizeof(float));
@@ -121,8 +108,21 @@ void CpuBackend::paged_attention(const Tensor& q, const ops::LayerKv& kv, const 
   // K and V row, which is read once for all of them.
   for_range(n * hk, ld * hd * 2 * group, [&](int64_t b, int64_t e) {
     float* scores = thread_scratch(0).get(static_cast<size_t>(ld * group));  // [group, ld]
-    float* buf = thread_scratch(1).get(static_cast<size_t>(hd + group));  // [hd] converted row, [group] 1/sum
-    float* inv = buf + hd;
+    // [bs, hd] one page run widened to fp32 (F16/BF16 pages), [group] 1/sum
+    float* buf = thread_scratch(1).get(static_cast<size_t>(bs * hd + group));
+    float* inv = buf + bs * hd;
+    // F16/BF16 pages: the run's rows widened (exactly) into buf, then the
+    // fp32 kernels; each row's arithmetic is that of an fp32 page holding
+    // the same values.
+    auto widened = [&](const char* base, int64_t r, int64_t cnt) {
+      const uint16_t* src = reinterpret_cast<const uint16_t*>(base) + r * hd;
+      if (pt == DType::kF16) {
+        kern.widen_f16(src, hk * hd, cnt, hd, buf);
+      } else {
+        kern.widen_bf16(src, hk * hd, cnt, hd, buf);
+      }
+      return static_cast<const float*>(buf);
+    };
     // Runs of consecutive keys j in [lo, p] that lie in one page: rows
     // (page * bs + j % bs) * hk + kvh, stride hk rows.
     auto for_each_run = [&](int64_t t, int64_t kvh, auto&& fn) {
@@ -154,9 +154,7 @@ void CpuBackend::paged_attention(const Tensor& q, const ops::LayerKv& kv, const 
           kern.attn_scores(qv, static_cast<int>(group), hd, reinterpret_cast<const float*>(kbase) + r * hd, hk * hd,
                            cnt, scale, scores + off, ld);
         } else {
-          for (int64_t u = 0; u < cnt; ++u)
-            kern.attn_scores(qv, static_cast<int>(group), hd, page_row(kbase, pt, r + u * hk, hd, buf), hd, 1, scale,
-                             scores + off + u, ld);
+          kern.attn_scores(qv, static_cast<int>(group), hd, widened(kbase, r, cnt), hd, cnt, scale, scores + off, ld);
         }
       });
       for (int64_t h = 0; h < group; ++h) {
@@ -173,9 +171,7 @@ void CpuBackend::paged_attention(const Tensor& q, const ops::LayerKv& kv, const 
           kern.attn_accum(scores + off, ld, static_cast<int>(group), hd,
                           reinterpret_cast<const float*>(vbase) + r * hd, hk * hd, cnt, o);
         } else {
-          for (int64_t u = 0; u < cnt; ++u)
-            kern.attn_accum(scores + off + u, ld, static_cast<int>(group), hd,
-                            page_row(vbase, pt, r + u * hk, hd, buf), hd, 1, o);
+          kern.attn_accum(scores + off, ld, static_cast<int>(group), hd, widened(vbase, r, cnt), hd, cnt, o);
         }
       });
       for (int64_t h = 0; h < group; ++h) kern.scale(inv[h], o + h * hd, hd);

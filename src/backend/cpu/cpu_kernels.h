@@ -60,6 +60,10 @@ struct CpuKernels {
                       float scale, float* s, int64_t lds) = nullptr;
   void (*attn_accum)(const float* s, int64_t lds, int nq, int64_t hd, const float* rows, int64_t stride,
                      int64_t len, float* o) = nullptr;
+  // Exact widening of F16 / BF16 KV rows to fp32:
+  //   dst[r * len + i] = float(src[r * stride + i])  for r < rows, i < len.
+  void (*widen_f16)(const uint16_t* src, int64_t stride, int64_t rows, int64_t len, float* dst) = nullptr;
+  void (*widen_bf16)(const uint16_t* src, int64_t stride, int64_t rows, int64_t len, float* dst) = nullptr;
 };
 
 const CpuKernels& scalar_kernels();

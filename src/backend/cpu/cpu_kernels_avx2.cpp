@@ -478,6 +478,35 @@ void silu_mul_avx2(const float* g, const float* u, float* out, int64_t n) {
   for (; i < n; ++i) out[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
 }
 
+// F16C conversion is exact (every fp16 value is an fp32 value); BF16 is the
+// high half of an fp32.
+void widen_f16_avx2(const uint16_t* src, int64_t stride, int64_t rows, int64_t len, float* dst) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint16_t* s = src + r * stride;
+    float* d = dst + r * len;
+    int64_t i = 0;
+    for (; i + 8 <= len; i += 8)
+      _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i))));
+    for (; i < len; ++i) d[i] = half_to_float(s[i]);
+  }
+}
+
+void widen_bf16_avx2(const uint16_t* src, int64_t stride, int64_t rows, int64_t len, float* dst) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint16_t* s = src + r * stride;
+    float* d = dst + r * len;
+    int64_t i = 0;
+    for (; i + 8 <= len; i += 8) {
+      const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i), _mm256_slli_epi32(w, 16));
+    }
+    for (; i < len; ++i) {
+      const uint32_t bits = static_cast<uint32_t>(s[i]) << 16;
+      std::memcpy(d + i, &bits, 4);
+    }
+  }
+}
+
 float exp_sub_sum_avx2(float* s, int64_t n, float max) {
   const __m256 mv = _mm256_set1_ps(max);
   __m256 acc = _mm256_setzero_ps();
@@ -520,6 +549,8 @@ CpuKernels make_avx2() {
   t.exp_sub_sum = exp_sub_sum_avx2;
   t.attn_scores = attn_scores_avx2;
   t.attn_accum = attn_accum_avx2;
+  t.widen_f16 = widen_f16_avx2;
+  t.widen_bf16 = widen_bf16_avx2;
   return t;
 }
 

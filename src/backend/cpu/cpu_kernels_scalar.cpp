@@ -144,6 +144,16 @@ void attn_accum_scalar(const float* s, int64_t lds, int nq, int64_t hd, const fl
     for (int h = 0; h < nq; ++h) axpy_scalar(s[h * lds + j], rows + j * stride, o + h * hd, hd);
 }
 
+void widen_f16_scalar(const uint16_t* src, int64_t stride, int64_t rows, int64_t len, float* dst) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < len; ++i) dst[r * len + i] = fp16_to_f32(src[r * stride + i]);
+}
+
+void widen_bf16_scalar(const uint16_t* src, int64_t stride, int64_t rows, int64_t len, float* dst) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < len; ++i) dst[r * len + i] = bf16_to_f32(src[r * stride + i]);
+}
+
 void scale_scalar(float a, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] *= a;
 }
@@ -208,6 +218,8 @@ CpuKernels make_scalar() {
   t.exp_sub_sum = exp_sub_sum_scalar;
   t.attn_scores = attn_scores_scalar;
   t.attn_accum = attn_accum_scalar;
+  t.widen_f16 = widen_f16_scalar;
+  t.widen_bf16 = widen_bf16_scalar;
   return t;
 }
 

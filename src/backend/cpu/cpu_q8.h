@@ -143,6 +143,11 @@ const Q8Kernels* q8_kernels_for(const CpuKernels* fp32_kernels);
 
 // AVX2 building blocks the AVX-512 table reuses (cpu_q8_avx2.cpp): unpack
 // `rows` weight rows into the panel layout at dst (q8_weight_row_bytes(k) each).
-void q8_unpack_rows_avx2(const void* w, int64_t w_row_bytes, WeightFormat f, int64_t k, int rows, uint8_t* dst);
+// With interleave_pairs, rows 2i and 2i + 1 share 2 * q8_weight_row_bytes(k)
+// bytes, alternating 32-byte vectors (row 2i's vector v at 64 v, row 2i + 1's
+// at 64 v + 32), so that one 64-byte load holds the same vector of both rows.
+// dst is 32-byte aligned either way.
+void q8_unpack_rows_avx2(const void* w, int64_t w_row_bytes, WeightFormat f, int64_t k, int rows, uint8_t* dst,
+                         bool interleave_pairs);
 
 }  // namespace osprey::cpu

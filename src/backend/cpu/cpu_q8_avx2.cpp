@@ -136,7 +136,8 @@ inline void transpose8x8_epi32(const __m256i r[8], __m256i out[8]) {
 
 }  // namespace
 
-void q8_unpack_rows_avx2(const void* w, int64_t w_row_bytes, WeightFormat f, int64_t k, int rows, uint8_t* dst) {
+void q8_unpack_rows_avx2(const void* w, int64_t w_row_bytes, WeightFormat f, int64_t k, int rows, uint8_t* dst,
+                         bool interleave_pairs) {
   const int64_t nb = k / 32;
   const int64_t ng = groups_of(k);
   const int64_t wrb = weight_row_bytes(k);
@@ -148,13 +149,18 @@ void q8_unpack_rows_avx2(const void* w, int64_t w_row_bytes, WeightFormat f, int
   const int tail = tail_vectors(k);
   for (int r = 0; r < rows; ++r) {
     const uint8_t* row = static_cast<const uint8_t*>(w) + r * w_row_bytes;
-    uint8_t* o = dst + r * wrb;
-    auto* dw = reinterpret_cast<float*>(o + ng * 256);
-    float* mw = dw + ng * 8;
+    // 32-byte vector v of this row (cpu_q8.h: v < 8 ng values, 8 ng + g the
+    // scales dw of group g, 9 ng + g the minimums mw): row-major, or with
+    // rows 2i and 2i + 1 interleaved vector by vector.
+    uint8_t* const o = interleave_pairs ? dst + (r / 2) * 2 * wrb + (r % 2) * 32 : dst + r * wrb;
+    const int64_t vs = interleave_pairs ? 64 : 32;  // vector stride
+    auto vec = [&](int64_t v) { return reinterpret_cast<__m256i*>(o + v * vs); };
     for (int64_t g = 0; g < ng; ++g) {
       const int64_t b0 = g * 8;
       auto qs_of = [&](int64_t b) { return b < nb ? row + b * bs + qoff : kZeroBlock; };
-      auto* og = reinterpret_cast<__m256i*>(o + g * 256);
+      auto* dwg = reinterpret_cast<float*>(vec(ng * 8 + g));
+      auto* mwg = reinterpret_cast<float*>(vec(ng * 9 + g));
+      auto store = [&](int t, __m256i v) { _mm256_store_si256(vec(b0 + t), v); };
       const int nv = g + 1 < ng ? 8 : tail;  // vectors (stored blocks) of this group
       if (nv < 8) {
         // Short last group (cpu_q8.h): block beta spans 8 / nv lanes.
@@ -162,41 +168,41 @@ void q8_unpack_rows_avx2(const void* w, int64_t w_row_bytes, WeightFormat f, int
         auto ld256 = [&](int64_t b) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs_of(b))); };
         if (q8) {
           if (nv == 1) {
-            _mm256_store_si256(og, ld256(b0));
+            store(0, ld256(b0));
           } else if (nv == 2) {
             const __m256i x0 = ld256(b0), x1 = ld256(b0 + 1);
-            _mm256_store_si256(og, _mm256_permute2x128_si256(x0, x1, 0x20));
-            _mm256_store_si256(og + 1, _mm256_permute2x128_si256(x0, x1, 0x31));
+            store(0, _mm256_permute2x128_si256(x0, x1, 0x20));
+            store(1, _mm256_permute2x128_si256(x0, x1, 0x31));
           } else {
             const __m256i x0 = ld256(b0), x1 = ld256(b0 + 1), x2 = ld256(b0 + 2), x3 = ld256(b0 + 3);
             const __m256i lo01 = _mm256_unpacklo_epi64(x0, x1), hi01 = _mm256_unpackhi_epi64(x0, x1);
             const __m256i lo23 = _mm256_unpacklo_epi64(x2, x3), hi23 = _mm256_unpackhi_epi64(x2, x3);
-            _mm256_store_si256(og, _mm256_permute2x128_si256(lo01, lo23, 0x20));
-            _mm256_store_si256(og + 1, _mm256_permute2x128_si256(hi01, hi23, 0x20));
-            _mm256_store_si256(og + 2, _mm256_permute2x128_si256(lo01, lo23, 0x31));
-            _mm256_store_si256(og + 3, _mm256_permute2x128_si256(hi01, hi23, 0x31));
+            store(0, _mm256_permute2x128_si256(lo01, lo23, 0x20));
+            store(1, _mm256_permute2x128_si256(hi01, hi23, 0x20));
+            store(2, _mm256_permute2x128_si256(lo01, lo23, 0x31));
+            store(3, _mm256_permute2x128_si256(hi01, hi23, 0x31));
           }
         } else if (nv == 1) {
           const __m128i q = ld128(b0);
-          _mm256_store_si256(og, _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), low4x), _mm_and_si128(q, low4x)));
+          store(0, _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), low4x), _mm_and_si128(q, low4x)));
         } else if (nv == 2) {
           const __m256i q = _mm256_set_m128i(ld128(b0 + 1), ld128(b0));
-          _mm256_store_si256(og, _mm256_and_si256(q, low4));
-          _mm256_store_si256(og + 1, _mm256_and_si256(_mm256_srli_epi16(q, 4), low4));
+          store(0, _mm256_and_si256(q, low4));
+          store(1, _mm256_and_si256(_mm256_srli_epi16(q, 4), low4));
         } else {
           const __m256i a = _mm256_set_m128i(ld128(b0 + 2), ld128(b0));
           const __m256i c = _mm256_set_m128i(ld128(b0 + 3), ld128(b0 + 1));
           const __m256i q0 = _mm256_unpacklo_epi64(a, c), q1 = _mm256_unpackhi_epi64(a, c);
-          _mm256_store_si256(og, _mm256_and_si256(q0, low4));
-          _mm256_store_si256(og + 1, _mm256_and_si256(q1, low4));
-          _mm256_store_si256(og + 2, _mm256_and_si256(_mm256_srli_epi16(q0, 4), low4));
-          _mm256_store_si256(og + 3, _mm256_and_si256(_mm256_srli_epi16(q1, 4), low4));
+          store(0, _mm256_and_si256(q0, low4));
+          store(1, _mm256_and_si256(q1, low4));
+          store(2, _mm256_and_si256(_mm256_srli_epi16(q0, 4), low4));
+          store(3, _mm256_and_si256(_mm256_srli_epi16(q1, 4), low4));
         }
       } else if (q8) {
         __m256i in[8], out[8];
         for (int L = 0; L < 8; ++L) in[L] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs_of(b0 + L)));
         transpose8x8_epi32(in, out);
-        for (int t = 0; t < 8; ++t) _mm256_store_si256(og + t, out[t]);
+        for (int t = 0; t < 8; ++t) store(t, out[t]);
       } else {
         // p[L] = [qs of block L | qs of block L + 4]; a 4x4 dword transpose in
         // each 128-bit half gives v[t] = dword t of the 8 blocks' qs, whose
@@ -211,8 +217,8 @@ void q8_unpack_rows_avx2(const void* w, int64_t w_row_bytes, WeightFormat f, int
         const __m256i v[4] = {_mm256_unpacklo_epi64(t0, t2), _mm256_unpackhi_epi64(t0, t2),
                               _mm256_unpacklo_epi64(t1, t3), _mm256_unpackhi_epi64(t1, t3)};
         for (int t = 0; t < 4; ++t) {
-          _mm256_store_si256(og + t, _mm256_and_si256(v[t], low4));
-          _mm256_store_si256(og + t + 4, _mm256_and_si256(_mm256_srli_epi16(v[t], 4), low4));
+          store(t, _mm256_and_si256(v[t], low4));
+          store(t + 4, _mm256_and_si256(_mm256_srli_epi16(v[t], 4), low4));
         }
       }
       if (nv == 8 && b0 + 8 <= nb) {
@@ -225,8 +231,8 @@ void q8_unpack_rows_avx2(const void* w, int64_t w_row_bytes, WeightFormat f, int
         const __m256i hi = _mm256_srli_epi32(g4, 16);
         // packus: [lo 0-3, hi 0-3 | lo 4-7, hi 4-7] -> qwords 0 2 1 3: [lo 0-7 | hi 0-7].
         const __m256i dm = _mm256_permute4x64_epi64(_mm256_packus_epi32(lo, hi), 0xd8);
-        _mm256_store_ps(dw + b0, _mm256_cvtph_ps(_mm256_castsi256_si128(dm)));
-        _mm256_store_ps(mw + b0, f == WeightFormat::kQ4_1 ? _mm256_cvtph_ps(_mm256_extracti128_si256(dm, 1))
+        _mm256_store_ps(dwg, _mm256_cvtph_ps(_mm256_castsi256_si128(dm)));
+        _mm256_store_ps(mwg, f == WeightFormat::kQ4_1 ? _mm256_cvtph_ps(_mm256_extracti128_si256(dm, 1))
                                                           : _mm256_setzero_ps());
         continue;
       }
@@ -240,8 +246,8 @@ void q8_unpack_rows_avx2(const void* w, int64_t w_row_bytes, WeightFormat f, int
           dv = half_to_float(h[0]);
           if (f == WeightFormat::kQ4_1 && l % p == 0) mv = half_to_float(h[1]);
         }
-        dw[b0 + l] = dv;
-        mw[b0 + l] = mv;
+        dwg[l] = dv;
+        mwg[l] = mv;
       }
     }
   }
@@ -328,7 +334,7 @@ void q8_gemm_avx2(const void* w, int64_t w_row_bytes, WeightFormat f, int64_t k,
   const int tail = tail_vectors(k);
   for (int64_t p = r0; p < r1; p += kQ8PanelRows) {
     const int rows = static_cast<int>(std::min<int64_t>(kQ8PanelRows, r1 - p));
-    q8_unpack_rows_avx2(static_cast<const uint8_t*>(w) + p * w_row_bytes, w_row_bytes, f, k, rows, scratch);
+    q8_unpack_rows_avx2(static_cast<const uint8_t*>(w) + p * w_row_bytes, w_row_bytes, f, k, rows, scratch, false);
     float* o = out + p;
     if (f == WeightFormat::kQ8_0) {
       rows_avx2<true, false>(scratch, rows, wrb, xq, xq_row_bytes, n, ng, tail, o, ldo);

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <numeric>
+#include <tuple>
 
 #include "test_util.h"
 
@@ -185,6 +186,71 @@ TEST_P(AttentionTest, HalfPrecisionPages) {
   auto be = make_backend(GetParam());
   run_case(*be, {{40, 1}, {23, 23}}, 16, 9, 3, 64, 0, DType::kF16, 21, 2e-6);
   run_case(*be, {{40, 1}, {23, 23}}, 1, 8, 1, 64, 7, DType::kBF16, 22, 2e-6);
+}
+
+// F16/BF16 pages are widened (exactly) and then go through the fp32 kernels,
+// so attention over them equals, bit for bit, attention over F32 pages that
+// hold the same values: prefill and decode, odd head dims, windows, one-slot
+// pages.
+TEST_P(AttentionTest, HalfPagesBitIdenticalToF32PagesOfSameValues) {
+  auto be = make_backend(GetParam());
+  uint32_t seed = 31;
+  for (DType dt : {DType::kF16, DType::kBF16}) {
+    for (auto [bs, hq, hk, hd, window] : {std::tuple<int64_t, int64_t, int64_t, int64_t, int>{16, 9, 3, 64, 0},
+                                          {1, 8, 2, 64, 5}, {4, 6, 2, 13, 0}, {16, 4, 4, 40, 9}}) {
+      PagedSetup p = make_setup({{40, 1}, {23, 23}, {17, 2}}, bs, hk, hd, dt, seed++);
+      const int64_t slots = p.num_blocks * bs * hk * hd;
+      std::vector<float> k32(static_cast<size_t>(slots)), v32(static_cast<size_t>(slots));
+      dequantize_row(dt, p.kpages.data(), k32.data(), slots);
+      dequantize_row(dt, p.vpages.data(), v32.data(), slots);
+      const int64_t n = p.batch.num_tokens;
+      const auto q = random_floats(static_cast<size_t>(n * hq * hd), seed++, -2.0f, 2.0f);
+      std::vector<float> out_half(q.size(), -1.0f), out_f32(q.size(), -2.0f);
+      Tensor qt(const_cast<float*>(q.data()), DType::kF32, {n, hq, hd});
+      Tensor oh(out_half.data(), DType::kF32, {n, hq, hd});
+      Tensor of(out_f32.data(), DType::kF32, {n, hq, hd});
+      const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+      be->paged_attention(qt, p.layer(), p.batch, scale, window, oh);
+      ops::LayerKv kv32;
+      kv32.k = Tensor(k32.data(), DType::kF32, {p.num_blocks, bs, hk, hd});
+      kv32.v = Tensor(v32.data(), DType::kF32, {p.num_blocks, bs, hk, hd});
+      be->paged_attention(qt, kv32, p.batch, scale, window, of);
+      EXPECT_EQ(out_half, out_f32) << dtype_name(dt) << " bs=" << bs << " hq=" << hq << " hk=" << hk << " hd=" << hd;
+    }
+  }
+}
+
+// The widening kernels of every instruction set reproduce the core
+// conversions bit for bit (all finite and infinite F16 values, every BF16
+// pattern), on odd lengths and strides.
+TEST(WidenKernels, EveryIsaExact) {
+  std::vector<const cpu::CpuKernels*> tables = {&cpu::scalar_kernels()};
+  if (cpu::avx2_kernels()) tables.push_back(cpu::avx2_kernels());
+  if (cpu::avx512_kernels()) tables.push_back(cpu::avx512_kernels());
+  std::mt19937 rng(3);
+  for (auto [rows, len, stride] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 1}, {3, 7, 9}, {5, 64, 192},
+                                   {2, 13, 13}, {4, 17, 40}, {1, 300, 300}}) {
+    std::vector<uint16_t> src(static_cast<size_t>(rows * stride));
+    for (auto& h : src) {
+      h = static_cast<uint16_t>(rng());
+      if ((h & 0x7c00) == 0x7c00 && (h & 0x03ff) != 0) h &= 0xfc00;  // F16 NaN payloads -> infinities
+    }
+    for (int which = 0; which < 2; ++which) {
+      const DType t = which == 0 ? DType::kF16 : DType::kBF16;
+      std::vector<float> want(static_cast<size_t>(rows * len));
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t i = 0; i < len; ++i) {
+          const uint16_t h = src[static_cast<size_t>(r * stride + i)];
+          want[static_cast<size_t>(r * len + i)] = t == DType::kF16 ? fp16_to_f32(h) : bf16_to_f32(h);
+        }
+      for (const cpu::CpuKernels* k : tables) {
+        std::vector<float> got(want.size(), -3.0f);
+        (t == DType::kF16 ? k->widen_f16 : k->widen_bf16)(src.data(), stride, rows, len, got.data());
+        EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0)
+            << k->isa << " " << dtype_name(t) << " rows=" << rows << " len=" << len << " stride=" << stride;
+      }
+    }
+  }
 }
 
 TEST_P(AttentionTest, KvWriteScattersAndSkips) {
