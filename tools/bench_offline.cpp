@@ -173,31 +173,22 @@ std::vector<std::vector<int32_t>> make_prompts(const BenchOfflineOptions& o, Eng
 
 }  // namespace
 
-int run_bench_offline(const BenchOfflineOptions& o) {
+Expected<EngineConfig> bench_offline_engine_config(const BenchOfflineOptions& o) {
+  OSP_ASSIGN_OR_RETURN(EngineConfig cfg, cli::resolve_engine_config(o.engine));
+  if (o.engine.max_num_seqs <= 0) cfg.max_num_seqs = std::max(o.num_requests, 1);
+  return cfg;
+}
+
+int run_bench_offline(const BenchOfflineOptions& o, const EngineConfig& config) {
   auto slo = bench::parse_slo(o.slo);
   if (!slo.ok()) {
     std::fprintf(stderr, "error: --slo: %s\n", slo.status().message().c_str());
     return 2;
   }
-  EngineConfig cfg;
-  cfg.model_path = o.model_path;
-  cfg.device = o.device;
-  cfg.dtype = o.dtype;
-  cfg.load_format = o.load_format;
-  cfg.tokenizer = o.tokenizer;
-  cfg.gpu_memory_utilization = o.gpu_memory_utilization;
-  cfg.enforce_eager = o.enforce_eager;
-  cfg.async_scheduling = !o.no_async_scheduling;
-  cfg.quantize_activations = o.quantize_activations;
-  cfg.block_size = o.block_size;
-  cfg.num_threads = o.num_threads;
-  cfg.kv_cache_bytes = o.kv_cache_bytes;
-  cfg.kv_cache_bytes_explicit = o.kv_cache_bytes_explicit;
-  cfg.max_num_batched_tokens = o.max_num_batched_tokens;
-  cfg.max_num_seqs = o.max_num_seqs > 0 ? o.max_num_seqs : std::max(o.num_requests, 1);
+  EngineConfig cfg = config;
   nlohmann::json report;
-  report["model"] = o.model_path;
-  report["device"] = o.device;
+  report["model"] = cfg.model_path;
+  report["device"] = cfg.device;
   std::mt19937 rng(static_cast<uint32_t>(o.seed));
 
   if (o.mode == "throughput" || o.mode == "all") {
@@ -276,7 +267,7 @@ int run_bench_offline(const BenchOfflineOptions& o) {
   }
 
   if (o.mode == "prefix" || o.mode == "all") {
-    cfg.enable_prefix_caching = !o.no_prefix_caching;
+    cfg.enable_prefix_caching = config.enable_prefix_caching;  // !--no-prefix-caching
     auto engine = Engine::create(cfg);
     if (!engine.ok()) {
       std::fprintf(stderr, "error: %s\n", engine.status().to_string().c_str());

@@ -11,12 +11,16 @@
 #include <cstdint>
 #include <string>
 
+#include "engine_options.h"
+#include "osprey/engine.h"
+
 namespace osprey {
 
 struct BenchOfflineOptions {
-  std::string model_path;
+  // The shared engine flags (tools/engine_options.h). max_num_seqs 0: num_requests;
+  // no_prefix_caching: the prefix mode's (the throughput mode always runs without).
+  cli::EngineOptions engine;
   std::string mode = "all";      // "throughput" | "prefix" | "all"
-  int num_threads = 0;           // backend threads; <= 0: all cores
   int num_requests = 32;         // concurrent requests
   int num_sequential = 4;        // requests measured one at a time (the baseline)
   int input_len = 128;           // prompt tokens
@@ -24,22 +28,7 @@ struct BenchOfflineOptions {
   int shared_prefix_len = 1024;  // prefix mode: system-prompt tokens
   int suffix_len = 32;           // prefix mode: per-request tokens after the prefix
   int prefix_trials = 3;
-  int max_num_batched_tokens = 2048;
-  int64_t kv_cache_bytes = int64_t{1} << 30;
-  bool kv_cache_bytes_explicit = false;
   std::string json_path;         // also write the results as JSON here
-  // EngineConfig pass-through (include/osprey/engine.h).
-  std::string device = "cpu";
-  std::string dtype = "auto";
-  std::string load_format = "auto";
-  std::string tokenizer;
-  double gpu_memory_utilization = 0.90;
-  int max_num_seqs = 0;          // <= 0: num_requests
-  bool enforce_eager = false;
-  bool no_async_scheduling = false;  // EngineConfig::async_scheduling off
-  bool quantize_activations = false;  // CPU: 8-bit activations in quantised matmuls
-  int block_size = 16;
-  bool no_prefix_caching = false;  // prefix mode always turns it on; this turns it off there too
   // Prompts: token ids from a seeded RNG (works without a tokenizer), or, by
   // default when the model has a tokenizer, text of exactly input_len tokens.
   bool random_prompts = false;
@@ -50,7 +39,13 @@ struct BenchOfflineOptions {
   bool profile = false;
 };
 
-// Runs the benchmark, prints a report to stdout; returns a process exit code.
-int run_bench_offline(const BenchOfflineOptions& options);
+// The engine configuration of the runs: o.engine with the model resolved
+// and max_num_seqs defaulting to num_requests.
+Expected<EngineConfig> bench_offline_engine_config(const BenchOfflineOptions& o);
+
+// Runs the benchmark with `config` (bench_offline_engine_config; each mode
+// sets enable_prefix_caching itself), prints a report to stdout; returns a
+// process exit code.
+int run_bench_offline(const BenchOfflineOptions& options, const EngineConfig& config);
 
 }  // namespace osprey

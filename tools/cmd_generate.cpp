@@ -6,7 +6,6 @@
 
 #include "commands.h"
 #include "osprey/engine.h"
-#include "osprey/model_info.h"
 #include "osprey/text.h"
 
 namespace osprey::cli {
@@ -14,7 +13,7 @@ namespace osprey::cli {
 namespace {
 
 struct GenerateOptions {
-  std::string model = "default";
+  EngineOptions engine;
   std::string prompt;
   std::string system;
   bool chat = false;
@@ -22,19 +21,9 @@ struct GenerateOptions {
   float temperature = 0.0f;
   float top_p = 1.0f;
   int top_k = 0;
-  int64_t seed = -1;
-  int threads = 0;
-  std::string device = "cpu";
+  int64_t seed = -1;  // the request's sampling seed
   bool ignore_eos = false;
   bool quiet_timings = false;
-  bool quantize_activations = false;
-  double gpu_memory_utilization = 0.90;
-  bool enforce_eager = false;
-  bool no_async_scheduling = false;
-  std::string dtype = "auto";
-  std::string kv_cache_dtype = "auto";
-  std::string load_format = "auto";
-  std::string tokenizer;
   std::string prompt_ids;  // comma-separated token ids instead of --prompt
 };
 
@@ -53,7 +42,7 @@ bool parse_ids(const std::string& text, std::vector<int32_t>& out) {
   return !out.empty();
 }
 
-int run_generate(const GenerateOptions& o) {
+int run_generate(const GenerateOptions& o, const EngineConfigSink& dry_run) {
   if (o.prompt.empty() == o.prompt_ids.empty()) {
     std::fprintf(stderr, "osprey: give exactly one of --prompt and --prompt-ids\n");
     return 1;
@@ -67,24 +56,16 @@ int run_generate(const GenerateOptions& o) {
     std::fprintf(stderr, "osprey: --chat takes --prompt text, not --prompt-ids\n");
     return 1;
   }
-  auto path = o.load_format == "dummy" ? Expected<std::string>(o.model) : resolve_model_path(o.model);
-  if (!path.ok()) {
-    std::fprintf(stderr, "osprey: %s\n", path.status().to_string().c_str());
+  auto config = resolve_engine_config(o.engine);
+  if (!config.ok()) {
+    std::fprintf(stderr, "osprey: %s\n", config.status().to_string().c_str());
     return 1;
   }
-  EngineConfig config;
-  config.model_path = *path;
-  config.num_threads = o.threads;
-  config.device = o.device;
-  config.quantize_activations = o.quantize_activations;
-  config.gpu_memory_utilization = o.gpu_memory_utilization;
-  config.enforce_eager = o.enforce_eager;
-  config.async_scheduling = !o.no_async_scheduling;
-  config.dtype = o.dtype;
-  config.kv_cache_dtype = o.kv_cache_dtype;
-  config.load_format = o.load_format;
-  config.tokenizer = o.tokenizer;
-  auto engine = Engine::create(config);
+  if (dry_run) {
+    dry_run(*config);
+    return 0;
+  }
+  auto engine = Engine::create(*config);
   if (!engine.ok()) {
     std::fprintf(stderr, "osprey: %s\n", engine.status().to_string().c_str());
     return 1;
@@ -166,41 +147,22 @@ int run_generate(const GenerateOptions& o) {
 
 }  // namespace
 
-void add_generate_command(CLI::App& app) {
+void add_generate_command(CLI::App& app, EngineConfigSink dry_run) {
   auto o = std::make_shared<GenerateOptions>();
   auto* cmd = app.add_subcommand("generate", "Generate text from a prompt, streamed to stdout");
-  cmd->add_option("--model", o->model, "Model folder, .gguf file, or 'default'");
+  add_engine_options(cmd, &o->engine);
   cmd->add_option("--prompt", o->prompt, "Prompt text (the user message with --chat)");
   cmd->add_option("--prompt-ids", o->prompt_ids, "Prompt as comma-separated token ids (instead of --prompt)");
-  cmd->add_option("--dtype", o->dtype,
-                  "Compute dtype: auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16, float16 (CUDA)");
-  cmd->add_option("--kv-cache-dtype", o->kv_cache_dtype, "KV page dtype: auto (the compute dtype), float32, "
-                                                          "bfloat16, float16");
-  cmd->add_option("--load-format", o->load_format,
-                  "auto, or dummy: random weights from a config (--model: a bundled name such as llama-3-8b, "
-                  "a config.json or a folder with one)");
-  cmd->add_option("--tokenizer", o->tokenizer, "Tokenizer to use instead of the model's (a folder, "
-                                               "tokenizer.json or .gguf)");
   cmd->add_flag("--chat", o->chat, "Send the prompt as a chat message through the model's chat template");
   cmd->add_option("--system", o->system, "System message (with --chat)");
   cmd->add_option("--max-tokens", o->max_tokens, "Tokens to generate at most")->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--temperature", o->temperature, "Sampling temperature (0 = greedy)")->check(CLI::Range(0.0, 100.0));
   cmd->add_option("--top-p", o->top_p, "Nucleus sampling probability mass")->check(CLI::Range(0.0, 1.0));
   cmd->add_option("--top-k", o->top_k, "Sample among the k most likely tokens (0 = off)");
-  cmd->add_option("--seed", o->seed, "Random seed (default: random)");
-  cmd->add_option("--threads", o->threads, "Compute threads (default: all cores)");
-  cmd->add_option("--device", o->device, "cpu, or cuda / cuda:N (builds with the CUDA backend)");
+  cmd->add_option("--seed", o->seed, "Random seed of the request (default: random)");
   cmd->add_flag("--ignore-eos", o->ignore_eos, "Keep generating past the end-of-sequence token");
-  cmd->add_option("--gpu-memory-utilization", o->gpu_memory_utilization,
-                  "CUDA: fraction of the device memory for weights, step buffers and the KV cache")
-      ->check(CLI::Range(0.01, 1.0));
-  cmd->add_flag("--enforce-eager", o->enforce_eager, "CUDA: run decode steps eagerly (no CUDA graphs)");
-  cmd->add_flag("--no-async-scheduling", o->no_async_scheduling,
-                "Wait for each step before scheduling the next (no overlap of host work with the device)");
   cmd->add_flag("--no-timings", o->quiet_timings, "Do not print the timings line");
-  cmd->add_flag("--quantize-activations", o->quantize_activations,
-                "CPU: 8-bit activations in matmuls with Q8_0/Q4_0/Q4_1 weights (faster, not bit-exact)");
-  cmd->callback([o] { exit_code() = run_generate(*o); });
+  cmd->callback([o, dry_run] { exit_code() = run_generate(*o, dry_run); });
 }
 
 }  // namespace osprey::cli

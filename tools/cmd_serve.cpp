@@ -4,7 +4,6 @@
 #include <thread>
 
 #include "commands.h"
-#include "osprey/model_info.h"
 #include "server/server.h"
 
 namespace osprey::cli {
@@ -12,7 +11,7 @@ namespace osprey::cli {
 namespace {
 
 struct ServeOptions {
-  std::string model = "default";
+  EngineOptions engine;
   std::vector<std::string> served_model_names;
   std::string host = "127.0.0.1";
   int port = 8000;
@@ -27,57 +26,24 @@ struct ServeOptions {
   double keep_alive_timeout = 60.0;
   std::string chat_template;
   std::string tool_call_parser = "auto";
-  // Engine.
-  int threads = 0;
-  std::string device = "cpu";
-  int max_num_seqs = 256;
-  int max_num_batched_tokens = 2048;
-  int kv_cache_mb = 1024;
-  bool kv_cache_mb_set = false;  // --kv-cache-mb given: overrides --gpu-memory-utilization sizing
-  double gpu_memory_utilization = 0.90;
-  bool enforce_eager = false;
-  bool no_async_scheduling = false;
-  int swap_space_mb = 0;
-  int block_size = 16;
-  bool no_prefix_caching = false;
-  bool quantize_activations = false;
-  int max_model_len = 0;
-  int64_t seed = 0;
-  std::string dtype = "auto";
-  std::string kv_cache_dtype = "auto";
-  std::string load_format = "auto";
-  std::string tokenizer;
+  int64_t seed = 0;  // EngineConfig::seed: base of the seeds of unseeded requests
 };
 
-int run_serve(const ServeOptions& o) {
-  auto path = o.load_format == "dummy" ? Expected<std::string>(o.model) : resolve_model_path(o.model);
-  if (!path.ok()) {
-    std::fprintf(stderr, "osprey: %s\n", path.status().to_string().c_str());
+int run_serve(const ServeOptions& o, const EngineConfigSink& dry_run) {
+  auto engine = resolve_engine_config(o.engine);
+  if (!engine.ok()) {
+    std::fprintf(stderr, "osprey: %s\n", engine.status().to_string().c_str());
     return 1;
   }
   server::ServerConfig c;
-  c.model_arg = o.model;
+  c.model_arg = o.engine.model;
   c.served_model_names = o.served_model_names;
-  c.engine.model_path = *path;
-  c.engine.num_threads = o.threads;
-  c.engine.device = o.device;
-  c.engine.quantize_activations = o.quantize_activations;
-  c.engine.max_num_seqs = o.max_num_seqs;
-  c.engine.max_num_batched_tokens = o.max_num_batched_tokens;
-  c.engine.kv_cache_bytes = int64_t{o.kv_cache_mb} << 20;
-  c.engine.kv_cache_bytes_explicit = o.kv_cache_mb_set;
-  c.engine.gpu_memory_utilization = o.gpu_memory_utilization;
-  c.engine.enforce_eager = o.enforce_eager;
-  c.engine.async_scheduling = !o.no_async_scheduling;
-  c.engine.dtype = o.dtype;
-  c.engine.kv_cache_dtype = o.kv_cache_dtype;
-  c.engine.load_format = o.load_format;
-  c.engine.tokenizer = o.tokenizer;
-  c.engine.swap_space_bytes = int64_t{o.swap_space_mb} << 20;
-  c.engine.block_size = o.block_size;
-  c.engine.enable_prefix_caching = !o.no_prefix_caching;
-  c.engine.max_model_len = o.max_model_len;
+  c.engine = *engine;
   c.engine.seed = static_cast<uint64_t>(o.seed);
+  if (dry_run) {
+    dry_run(c.engine);
+    return 0;
+  }
   c.http.host = o.host;
   c.http.port = o.port;
   c.http.num_io_threads = o.io_threads;
@@ -99,10 +65,10 @@ int run_serve(const ServeOptions& o) {
 
 }  // namespace
 
-void add_serve_command(CLI::App& app) {
+void add_serve_command(CLI::App& app, EngineConfigSink dry_run) {
   auto o = std::make_shared<ServeOptions>();
   auto* cmd = app.add_subcommand("serve", "Serve a model over an OpenAI-compatible HTTP API");
-  cmd->add_option("--model", o->model, "Model folder, .gguf file, or 'default'");
+  add_engine_options(cmd, &o->engine);
   cmd->add_option("--served-model-name", o->served_model_names,
                   "Name(s) clients use in 'model' (default: the model file name)");
   cmd->add_option("--host", o->host, "Address to listen on");
@@ -132,41 +98,8 @@ void add_serve_command(CLI::App& app) {
                   "How tool calls are read from chat output: auto (from the chat template), hermes, llama3_json, "
                   "mistral, none")
       ->check(CLI::IsMember({"auto", "hermes", "llama3_json", "mistral", "none"}));
-  cmd->add_option("--threads", o->threads, "Compute threads (default: all cores)");
-  cmd->add_option("--device", o->device, "cpu, or cuda / cuda:N (builds with the CUDA backend)");
-  cmd->add_option("--max-num-seqs", o->max_num_seqs, "Running sequences at most")->check(CLI::Range(1, 1 << 16));
-  cmd->add_option("--max-num-batched-tokens", o->max_num_batched_tokens, "Token budget of one engine step")
-      ->check(CLI::Range(1, 1 << 24));
-  cmd->add_option("--kv-cache-mb", o->kv_cache_mb,
-                  "KV cache size in MiB (CUDA default: what --gpu-memory-utilization leaves)")
-      ->check(CLI::Range(1, 1 << 24))
-      ->each([o](const std::string&) { o->kv_cache_mb_set = true; });
-  cmd->add_option("--gpu-memory-utilization", o->gpu_memory_utilization,
-                  "CUDA: fraction of the device memory for weights, step buffers and the KV cache")
-      ->check(CLI::Range(0.01, 1.0));
-  cmd->add_flag("--enforce-eager", o->enforce_eager, "CUDA: run decode steps eagerly (no CUDA graphs)");
-  cmd->add_flag("--no-async-scheduling", o->no_async_scheduling,
-                "Wait for each step before scheduling the next (no overlap of host work with the device)");
-  cmd->add_option("--dtype", o->dtype,
-                  "Compute dtype: auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16, float16 (CUDA)");
-  cmd->add_option("--kv-cache-dtype", o->kv_cache_dtype, "KV page dtype: auto (the compute dtype), float32, "
-                                                          "bfloat16, float16");
-  cmd->add_option("--load-format", o->load_format,
-                  "auto, or dummy: random weights from a config (--model: a bundled name such as llama-3-8b, "
-                  "a config.json or a folder with one)");
-  cmd->add_option("--tokenizer", o->tokenizer, "Tokenizer to use instead of the model's (a folder, "
-                                               "tokenizer.json or .gguf)");
-  cmd->add_option("--swap-space-mb", o->swap_space_mb,
-                  "Host memory in MiB for swapping preempted requests' KV pages (0: recompute instead)")
-      ->check(CLI::Range(0, 1 << 24));
-  cmd->add_option("--block-size", o->block_size, "Tokens per KV page")->check(CLI::Range(1, 1024));
-  cmd->add_flag("--no-prefix-caching", o->no_prefix_caching, "Disable prefix caching");
-  cmd->add_flag("--quantize-activations", o->quantize_activations,
-                "CPU: 8-bit activations in matmuls with Q8_0/Q4_0/Q4_1 weights (faster, not bit-exact)");
-  cmd->add_option("--max-model-len", o->max_model_len, "Context length (0: the model's own)")
-      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--seed", o->seed, "Base seed of unseeded requests");
-  cmd->callback([o] { exit_code() = run_serve(*o); });
+  cmd->callback([o, dry_run] { exit_code() = run_serve(*o, dry_run); });
 }
 
 }  // namespace osprey::cli

@@ -3,13 +3,6 @@
 
 #include "commands.h"
 
-namespace osprey::cli {
-int& exit_code() {
-  static int code = 0;
-  return code;
-}
-}  // namespace osprey::cli
-
 int main(int argc, char** argv) {
   CLI::App app{"osprey: LLM inference engine and OpenAI-compatible server"};
   app.require_subcommand(1);
