@@ -148,9 +148,7 @@ void EngineCore::fill_stop_ids(const SamplingParams& p) {
 namespace {
 // Penalties list the output tokens in the device rows: they need every
 // earlier token on the host.
-bool needs_known_output(const SamplingParams& p) {
-  return p.repetition_penalty != 1.0f || p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f;
-}
+bool needs_known_output(const SamplingParams& p) { return uses_penalties(p); }
 }  // namespace
 
 void EngineCore::plan_device_sampling(InflightStep& rec) {
@@ -165,7 +163,7 @@ void EngineCore::plan_device_sampling(InflightStep& rec) {
     const ScheduledSeq& ss = sched_out_.seqs[i];
     if (ss.num_prompt_logprob_rows > 0) host = true;
     if (!ss.sample) continue;
-    const Sequence& seq = *ss.seq;
+    Sequence& seq = *ss.seq;
     const RequestState& req = *seq.req;
     const SamplingParams& p = req.params;
     const bool fork = req.forks_at_next_sample();
@@ -178,6 +176,7 @@ void EngineCore::plan_device_sampling(InflightStep& rec) {
     // A pending token is never in the output a device row lists (no step
     // with penalties is overlapped).
     OSP_CHECK(seq.num_pending == 0 || !needs_known_output(p));
+    if (needs_known_output(p)) seq.penalties.sync(p, seq.tokens, seq.num_prompt_tokens);
     fill_stop_ids(p);
     const size_t edit_mark = batch_.sample_edits.ids.size();
     const int scratch_mark = scratch_rows;
@@ -185,9 +184,8 @@ void EngineCore::plan_device_sampling(InflightStep& rec) {
       DeviceSampleRow r;
       r.logit_row = ss.first_logit_row + ss.num_prompt_logprob_rows;
       const size_t before = batch_.sample_edits.ids.size();
-      make_device_sample_row(p, std::span<const int32_t>(seq.tokens.data(), seq.num_prompt_tokens),
-                             std::span<const int32_t>(seq.tokens.data() + seq.num_prompt_tokens, seq.num_output()),
-                             stop_ids_scratch_, req.seed, seq.index + k, seq.num_tokens(), r, batch_.sample_edits);
+      make_device_sample_row(p, seq.penalties, seq.num_output(), stop_ids_scratch_, req.seed, seq.index + k,
+                             seq.num_tokens(), r, batch_.sample_edits);
       r.scratch_row = batch_.sample_edits.ids.size() > before ? scratch_rows++ : -1;
       batch_.sample_rows.push_back(r);
     }
@@ -232,6 +230,11 @@ void EngineCore::sample_into(Sequence& seq, int index, const float* row, const D
     in.prompt = std::span<const int32_t>(seq.tokens.data(), seq.num_prompt_tokens);
     in.output = std::span<const int32_t>(seq.tokens.data() + seq.num_prompt_tokens, index - seq.num_prompt_tokens);
     in.stop_ids = stop_ids_scratch_;
+    if (needs_known_output(p)) {
+      seq.penalties.sync(p, std::span<const int32_t>(seq.tokens.data(), static_cast<size_t>(index)),
+                         seq.num_prompt_tokens);
+      in.penalties = &seq.penalties;
+    }
     in.seed = req.seed;
     in.seq_index = seq.index;
     in.position = index;
@@ -437,6 +440,7 @@ Status EngineCore::finish_oldest(std::vector<SeqEvent>& events) {
         child->num_prompt_tokens = seq.num_prompt_tokens;
         child->num_computed = seq.num_computed;
         child->prompt_logprob_pos = seq.num_prompt_tokens;
+        child->penalties = seq.penalties;
         kv_.fork(seq.table, child->table);
         scheduler_.add_running(child.get());
         req.seqs.push_back(std::move(child));

@@ -9,6 +9,7 @@
 
 #include "kv/block_table.h"
 #include "osprey/engine.h"
+#include "sampling/penalty_state.h"
 
 namespace osprey {
 
@@ -36,6 +37,9 @@ struct Sequence {
   // [0, num_swapped); swap-in restores them and num_computed = num_swapped.
   std::vector<int32_t> swapped_blocks;
   int num_swapped = 0;
+  // Ids and counts the penalties need, folded in as tokens become known
+  // (only used when the request has a penalty; a fork copies its parent's).
+  PenaltyState penalties;
 
   // Asynchronous scheduling (EngineCore). The last num_pending tokens are
   // kPendingToken: sampled by steps in flight, resolved oldest first when

@@ -29,6 +29,7 @@
 namespace osprey {
 
 struct SamplingParams;
+class PenaltyState;
 
 inline constexpr float kGreedyTemperature = 1e-5f;
 // Top logprobs a device sampler returns per row at most (the API's limit).
@@ -85,10 +86,17 @@ bool device_can_sample(const SamplingParams& p);
 
 // Appends the row of one sampled token: fills `row` (its edit_begin and
 // counts; logit_row, scratch_row are the caller's) and appends its edits.
-// stop_ids: ids masked while output.size() < min_tokens.
+// stop_ids: ids masked while output.size() < min_tokens. Lists the penalty
+// sections from scratch (sorts prompt + output): for one-off rows and tests.
 void make_device_sample_row(const SamplingParams& p, std::span<const int32_t> prompt,
                             std::span<const int32_t> output, std::span<const int32_t> stop_ids, uint64_t seed,
                             int seq_index, int64_t position, DeviceSampleRow& row, DeviceSampleEdits& edits);
+// The same row from the sequence's incremental penalty state (the engine's
+// way): `penalties` must have folded the prompt and the num_output output
+// tokens (PenaltyState::sync); the edits are identical to the above.
+void make_device_sample_row(const SamplingParams& p, const PenaltyState& penalties, int num_output,
+                            std::span<const int32_t> stop_ids, uint64_t seed, int seq_index, int64_t position,
+                            DeviceSampleRow& row, DeviceSampleEdits& edits);
 #endif
 
 }  // namespace osprey

@@ -6,6 +6,8 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "sampling/penalty_state.h"
+
 namespace osprey {
 
 void apply_logit_bias(std::span<float> logits, const std::map<int32_t, float>& bias) {
@@ -43,6 +45,25 @@ void apply_frequency_presence(std::span<float> logits, std::span<const int32_t> 
   for (int32_t id : output)
     if (id >= 0 && id < vocab) ++counts[id];
   for (const auto& [id, c] : counts) logits[id] -= static_cast<float>(c) * frequency + presence;
+}
+
+void apply_repetition_penalty(std::span<float> logits, const PenaltyState& state, float penalty) {
+  if (penalty == 1.0f) return;
+  const int64_t vocab = static_cast<int64_t>(logits.size());
+  for (int32_t id : state.rep_ids()) {
+    if (id < 0 || id >= vocab) continue;
+    float& l = logits[id];
+    l = l > 0 ? l / penalty : l * penalty;
+  }
+}
+
+void apply_frequency_presence(std::span<float> logits, const PenaltyState& state, float frequency, float presence) {
+  if (frequency == 0.0f && presence == 0.0f) return;
+  const int64_t vocab = static_cast<int64_t>(logits.size());
+  const std::span<const int32_t> ids = state.output_ids();
+  const std::span<const int32_t> counts = state.output_counts();
+  for (size_t i = 0; i < ids.size(); ++i)
+    if (ids[i] >= 0 && ids[i] < vocab) logits[ids[i]] -= static_cast<float>(counts[i]) * frequency + presence;
 }
 
 int32_t argmax(std::span<const float> logits) {

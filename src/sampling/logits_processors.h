@@ -12,6 +12,8 @@
 
 namespace osprey {
 
+class PenaltyState;
+
 // logits[id] += bias for each entry (ids outside [0, vocab) are ignored).
 void apply_logit_bias(std::span<float> logits, const std::map<int32_t, float>& bias);
 
@@ -26,6 +28,11 @@ void apply_repetition_penalty(std::span<float> logits, std::span<const int32_t> 
 // OpenAI: logit -= count * frequency + (count > 0) * presence, counts over the output only.
 void apply_frequency_presence(std::span<float> logits, std::span<const int32_t> output, float frequency,
                               float presence);
+
+// The same two from a sequence's incremental state (sampling/penalty_state.h),
+// synced to the prompt and output: O(distinct ids), identical results.
+void apply_repetition_penalty(std::span<float> logits, const PenaltyState& state, float penalty);
+void apply_frequency_presence(std::span<float> logits, const PenaltyState& state, float frequency, float presence);
 
 // Argmax; ties go to the lowest id.
 int32_t argmax(std::span<const float> logits);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "core/check.h"
 #include "sampling/rng.h"
 
 namespace osprey {
@@ -22,8 +23,14 @@ SampleResult Sampler::sample(const float* raw, const SampleInput& in) {
   std::span<float> row(scratch_);
   if (!p.logit_bias.empty()) apply_logit_bias(row, p.logit_bias);
   if (static_cast<int>(in.output.size()) < p.min_tokens) mask_tokens(row, in.stop_ids);
-  apply_repetition_penalty(row, in.prompt, in.output, p.repetition_penalty);
-  apply_frequency_presence(row, in.output, p.frequency_penalty, p.presence_penalty);
+  if (in.penalties) {
+    OSP_CHECK_EQ(in.penalties->num_folded(), static_cast<int>(in.prompt.size() + in.output.size()));
+    apply_repetition_penalty(row, *in.penalties, p.repetition_penalty);
+    apply_frequency_presence(row, *in.penalties, p.frequency_penalty, p.presence_penalty);
+  } else {
+    apply_repetition_penalty(row, in.prompt, in.output, p.repetition_penalty);
+    apply_frequency_presence(row, in.output, p.frequency_penalty, p.presence_penalty);
+  }
 
   if (p.temperature <= 1e-5f) {
     r.token = argmax(row);

@@ -11,6 +11,7 @@
 #include "osprey/engine.h"
 #include "sampling/logits_processors.h"
 #include "sampling/logprobs.h"
+#include "sampling/penalty_state.h"
 
 namespace osprey {
 
@@ -21,6 +22,9 @@ struct SampleInput {
   // Ids that end the sequence (EOS unless ignore_eos, stop_token_ids):
   // masked while output.size() < min_tokens.
   std::span<const int32_t> stop_ids;
+  // When set: the sequence's penalty state, synced to prompt + output; the
+  // penalties read it (O(distinct ids)) instead of scanning the spans.
+  const PenaltyState* penalties = nullptr;
   uint64_t seed = 0;
   int seq_index = 0;
   int64_t position = 0;               // position of the token being sampled
