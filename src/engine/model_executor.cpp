@@ -428,20 +428,18 @@ ForwardBatch ModelExecutor::stage(const StepBatch& b, int padded) {
   }
   // Upload 1: the index arrays (the small ones, then the used block indices).
   if (!b.token_fills.empty()) {
-    // Row t reads row fill_src[t] of [sampled | token_ids]: itself, or a sampled id.
-    const int32_t self = static_cast<int32_t>((L.token_ids - L.sampled) / 4);
+    // Row t of token_ids takes sampled[fill_src[t]], or keeps its uploaded id (-1).
     int32_t* src = host<int32_t>(L.fill_src);
-    for (int t = 0; t < tokens; ++t) src[t] = self + t;
+    std::fill(src, src + tokens, -1);
     for (const TokenFill& f : b.token_fills) src[f.token_row] = f.sample_row;
   }
   const size_t used_indices = b.block_indices.size() * 4;
   backend_->copy_to_device_async(dev<char>(L.token_ids), host<char>(L.token_ids),
                                  L.block_indices + used_indices - L.token_ids);
   if (!b.token_fills.empty()) {
-    const int64_t self = static_cast<int64_t>((L.token_ids - L.sampled) / 4);
-    Tensor src(dev<int32_t>(L.sampled), DType::kI32, {self + tokens, 1}, backend_->device());
+    Tensor src(dev<int32_t>(L.sampled), DType::kI32, {L.max_sample_rows, 1}, backend_->device());
     Tensor out(dev<int32_t>(L.token_ids), DType::kI32, {tokens, 1}, backend_->device());
-    backend_->gather_rows(src, dev<int32_t>(L.fill_src), tokens, out);
+    backend_->fill_rows_from(src, dev<int32_t>(L.fill_src), tokens, out);
   }
   // Upload 2 and 3: the sample rows and their edits.
   if (!b.sample_rows.empty()) {

@@ -21,10 +21,10 @@
 // buffer k % 2, free again once step k - 2 has been waited for); the device
 // arrays are single, since the stream runs steps in launch order. A step's
 // token_fills read the previous step's sampled ids, which the sampler leaves
-// in the device array `sampled` just before `token_ids`: after the upload,
-// one gather_rows over [sampled | token_ids] rewrites token_ids in place
-// (row t takes fill_src[t]: itself, or a sampled row), before the forward or
-// the graph replay (graphs keep reading token_ids).
+// in the device array `sampled`: after the upload, one fill_rows_from writes
+// the filled rows of token_ids (row t takes sampled[fill_src[t]] where
+// fill_src[t] >= 0; the other rows keep their uploaded ids), before the
+// forward or the graph replay (graphs keep reading token_ids).
 #pragma once
 
 #include <cstdint>

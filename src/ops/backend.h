@@ -114,6 +114,14 @@ class Backend {
   // out[r, :] = x[rows[r], :] for r in [0, num_rows); x [n, d].
   virtual void gather_rows(const Tensor& x, const int32_t* rows, int num_rows, Tensor& out) = 0;
 
+  // out[r, :] = x[src_rows[r], :] for each r in [0, num_rows) with
+  // src_rows[r] >= 0; rows with src_rows[r] < 0 are left as they are (only
+  // the filled rows are written). x [m, d], out [>= num_rows, d], same dtype;
+  // x and out must not overlap; src_rows [num_rows] on the device, each < m.
+  // The launch shape depends on num_rows and the row size only, never on how
+  // many rows are filled (graph contract above).
+  virtual void fill_rows_from(const Tensor& x, const int32_t* src_rows, int num_rows, Tensor& out) = 0;
+
   // ---- compute dtype, conversion, fused attention input (cudacore) ----
 
   // Activation dtype used when the user asks for "auto" (CPU: F32, CUDA: BF16).

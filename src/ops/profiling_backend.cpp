@@ -298,6 +298,12 @@ void ProfilingBackend::gather_rows(const Tensor& x, const int32_t* rows, int num
   timed("gather_rows", 2 * nbytes(out), 0, [&] { inner_->gather_rows(x, rows, num_rows, out); });
 }
 
+void ProfilingBackend::fill_rows_from(const Tensor& x, const int32_t* src_rows, int num_rows, Tensor& out) {
+  // At most every row read and written, plus the index array.
+  const double bytes = 2.0 * static_cast<double>(num_rows) * static_cast<double>(out.row_bytes()) + 4.0 * num_rows;
+  timed("fill_rows_from", bytes, 0, [&] { inner_->fill_rows_from(x, src_rows, num_rows, out); });
+}
+
 void ProfilingBackend::convert(const Tensor& src, Tensor& dst) {
   timed("convert", nbytes(src) + nbytes(dst), 0, [&] { inner_->convert(src, dst); });
 }

@@ -116,6 +116,7 @@ class ProfilingBackend final : public Backend {
   void paged_attention(const Tensor& q, const LayerKv& kv, const AttentionBatch& batch, float scale, int sliding_window,
                        Tensor& out) override;
   void gather_rows(const Tensor& x, const int32_t* rows, int num_rows, Tensor& out) override;
+  void fill_rows_from(const Tensor& x, const int32_t* src_rows, int num_rows, Tensor& out) override;
   DType default_activation_dtype() const override { return inner_->default_activation_dtype(); }
   bool supports_activation_dtype(DType t) const override { return inner_->supports_activation_dtype(t); }
   void convert(const Tensor& src, Tensor& dst) override;

@@ -258,6 +258,24 @@ void CpuBackend::gather_rows(const Tensor& x, const int32_t* rows, int num_rows,
   }
 }
 
+void CpuBackend::fill_rows_from(const Tensor& x, const int32_t* src_rows, int num_rows, Tensor& out) {
+  OSP_CHECK(x.dtype() == out.dtype());
+  OSP_CHECK_EQ(x.cols(), out.cols());
+  OSP_CHECK_GE(num_rows, 0);
+  OSP_CHECK_GE(out.rows(), num_rows);
+  const int64_t rb = x.row_bytes();
+  const int64_t n = x.rows();
+  // The operands must not overlap (the CUDA kernel reads x while writing out).
+  const char* xb = static_cast<const char*>(x.data());
+  const char* ob = static_cast<const char*>(out.data());
+  OSP_CHECK_MSG(num_rows == 0 || xb + n * rb <= ob || ob + num_rows * rb <= xb, "fill_rows_from: x and out overlap");
+  for (int r = 0; r < num_rows; ++r) {
+    if (src_rows[r] < 0) continue;
+    OSP_CHECK_MSG(src_rows[r] < n, "fill_rows_from: row " << src_rows[r] << " out of range " << n);
+    std::memcpy(out.row(r), x.row(src_rows[r]), static_cast<size_t>(rb));
+  }
+}
+
 namespace {
 
 bool is_float_dtype(DType t) {

@@ -60,6 +60,7 @@ class CpuBackend final : public ops::Backend {
   void paged_attention(const Tensor& q, const ops::LayerKv& kv, const ops::AttentionBatch& batch, float scale,
                        int sliding_window, Tensor& out) override;
   void gather_rows(const Tensor& x, const int32_t* rows, int num_rows, Tensor& out) override;
+  void fill_rows_from(const Tensor& x, const int32_t* src_rows, int num_rows, Tensor& out) override;
   void convert(const Tensor& src, Tensor& dst) override;
   void fill_uniform(Tensor& t, uint64_t seed, float lo, float hi) override;
   // Composed of head_rms_norm, rope and kv_write on copies of the k/v columns.

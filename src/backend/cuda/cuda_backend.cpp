@@ -290,6 +290,21 @@ void CudaBackend::gather_rows(const Tensor& x, const int32_t* rows, int num_rows
   launch_gather_rows(x.data(), x.row_bytes(), x.rows(), rows, num_rows, out.data(), stream_);
 }
 
+void CudaBackend::fill_rows_from(const Tensor& x, const int32_t* src_rows, int num_rows, Tensor& out) {
+  OSP_CHECK_MSG(x.dtype() == out.dtype(), "fill_rows_from: x and out differ in dtype");
+  OSP_CHECK_EQ(x.cols(), out.cols());
+  OSP_CHECK_GE(num_rows, 0);
+  OSP_CHECK_GE(out.rows(), num_rows);
+  OSP_CHECK_MSG(x.device() == Device::kCuda && out.device() == Device::kCuda,
+                "fill_rows_from tensors must be in CUDA device memory");
+  const char* xb = static_cast<const char*>(x.data());
+  const char* ob = static_cast<const char*>(out.data());
+  OSP_CHECK_MSG(num_rows == 0 || xb + x.nbytes() <= ob || ob + num_rows * out.row_bytes() <= xb,
+                "fill_rows_from: x and out overlap");
+  bind_device();
+  launch_fill_rows_from(x.data(), x.row_bytes(), x.rows(), src_rows, num_rows, out.data(), stream_);
+}
+
 void CudaBackend::convert(const Tensor& src, Tensor& dst) {
   OSP_CHECK_MSG(is_float_dtype(src.dtype()) && is_float_dtype(dst.dtype()),
                 "convert: F32/F16/BF16 only, got " << dtype_name(src.dtype()) << " -> " << dtype_name(dst.dtype()));

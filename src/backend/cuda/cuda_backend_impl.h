@@ -57,6 +57,7 @@ class CudaBackend final : public ops::Backend {
   void paged_attention(const Tensor& q, const ops::LayerKv& kv, const ops::AttentionBatch& batch, float scale,
                        int sliding_window, Tensor& out) override;
   void gather_rows(const Tensor& x, const int32_t* rows, int num_rows, Tensor& out) override;
+  void fill_rows_from(const Tensor& x, const int32_t* src_rows, int num_rows, Tensor& out) override;
   // ---- device runtime (cuda_runtime.cpp, graphs/, sampling/)
   void* alloc_host(size_t bytes) override;
   void free_host(void* p) override;

@@ -33,6 +33,12 @@ void launch_silu_mul(DType act, const void* gate_up, int64_t n, int64_t f, void*
 void launch_gather_rows(const void* x, int64_t row_bytes, int64_t num_x_rows, const int32_t* rows, int num_rows,
                         void* out, cudaStream_t stream);
 
+// out row r = x row src_rows[r] (row_bytes each) for r < num_rows where
+// src_rows[r] is in [0, num_x_rows); other rows are not written. x and out
+// must not overlap. Grid: num_rows blocks, however many rows are filled.
+void launch_fill_rows_from(const void* x, int64_t row_bytes, int64_t num_x_rows, const int32_t* src_rows,
+                           int num_rows, void* out, cudaStream_t stream);
+
 // out[n, m] (leading dimension ldo, dtype out_dtype) = bias[m] broadcast over rows.
 void launch_fill_rows(const float* bias, int64_t n, int64_t m, DType out_dtype, void* out, int64_t ldo,
                       cudaStream_t stream);

@@ -111,6 +111,9 @@ class ProfilingBackend final : public ops::Backend {
   void gather_rows(const Tensor& x, const int32_t* r, int n, Tensor& o) override {
     timed("gather_rows", [&] { b_.gather_rows(x, r, n, o); });
   }
+  void fill_rows_from(const Tensor& x, const int32_t* r, int n, Tensor& o) override {
+    timed("fill_rows_from", [&] { b_.fill_rows_from(x, r, n, o); });
+  }
   void qkv_rope_kv_write(const Tensor& qkv, const Tensor& qn, const Tensor& kn, float eps, const ops::RopeTable& rt,
                          const ops::AttentionBatch& a, ops::LayerKv& kv, Tensor& q) override {
     timed("qkv_rope_kv_write", [&] { b_.qkv_rope_kv_write(qkv, qn, kn, eps, rt, a, kv, q); });

@@ -54,6 +54,7 @@ class RecordingBackend final : public ops::Backend {
     hit("paged_attention");
   }
   void gather_rows(const Tensor&, const int32_t*, int, Tensor&) override { hit("gather_rows"); }
+  void fill_rows_from(const Tensor&, const int32_t*, int, Tensor&) override { hit("fill_rows_from"); }
   DType default_activation_dtype() const override { return DType::kBF16; }
   bool supports_activation_dtype(DType t) const override { return t == DType::kF16; }
   void convert(const Tensor&, Tensor&) override { hit("convert"); }
@@ -124,6 +125,7 @@ void call_every_op(ops::Backend& b) {
   b.kv_write(q3, q3, ab, kv);
   b.paged_attention(q3, kv, ab, 1.0f, 0, q3);
   b.gather_rows(t, ids, 1, t);
+  b.fill_rows_from(t, ids, 1, t);
   b.convert(t, t);
   b.fill_uniform(t, 1, 0.0f, 1.0f);
   b.qkv_rope_kv_write(t, Tensor(), Tensor(), 1e-5f, rt, ab, kv, q3);
@@ -147,6 +149,7 @@ const char* const kOps[] = {"embedding",
                             "kv_write",
                             "paged_attention",
                             "gather_rows",
+                            "fill_rows_from",
                             "convert",
                             "fill_uniform",
                             "qkv_rope_kv_write",
@@ -211,8 +214,8 @@ TEST(ProfilingBackend, TimesOpsOnlyInsideAStepAndOutsideCapture) {
   EXPECT_EQ(rec.calls["timer_mark"], 2 * static_cast<int>(std::size(kOps)));
   const std::vector<std::string> groups = {
       "embedding",    "rms_norm",          "add_rms_norm",   "add",          "matmul 2x4 F32",        "head_rms_norm",
-      "rope",         "silu_mul",          "kv_write",       "attention",    "gather_rows",           "convert",
-      "fill_uniform", "qkv_rope_kv_write", "copy to device", "copy to host", "copy device to device", "sample"};
+      "rope",         "silu_mul",          "kv_write",       "attention",    "gather_rows",           "fill_rows_from",
+      "convert",      "fill_uniform", "qkv_rope_kv_write", "copy to device", "copy to host", "copy device to device", "sample"};
   ASSERT_EQ(s.groups.size(), groups.size());
   for (const std::string& g : groups) {
     const ProfileGroup* e = find(s, "decode", g);
