@@ -200,7 +200,8 @@ TEST_F(MatmulTest, DecodeChainQueuedEqualsSerialised) {
 
 // BF16 activations through cuBLASLt with autotuned plans (gemm/matmul.cpp):
 // a shape's first call times the heuristic's candidates and keeps the
-// fastest; other n of the same power-of-two bucket reuse the winner; a shape
+// fastest; other n of the same bucket (multiple of 8 up to 256, power of
+// two above) reuse the winner; a shape
 // first seen inside graph capture keeps the heuristic's choice. Every such
 // plan must compute the same product: against a float64 reference on the
 // bf16 values, repeated calls bit for bit, and a graph replay equal to the

@@ -9,6 +9,12 @@
 // attention sweep (BF16 q and pages, Llama-3-8B heads, batch x context; the
 // kernel is the one CudaBackend picks, OSPREY_DECODE_ATTENTION=simt forces
 // the SIMT one for an A/B).
+//
+// `gpu_op_bench gemm-small` runs the copy ceiling and the 16-bit GEMM sweep
+// at decode batch sizes: BF16 x [n, k] @ w [m, k]^T at Llama-3-8B's weight
+// shapes for n = 9..128 (the backend's path: cuBLASLt, autotuned as
+// OSPREY_LT_AUTOTUNE says; `=pow2` for the earlier power-of-two buckets),
+// then a few F16 points.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -204,6 +210,79 @@ double copy_ceiling(ops::Backend& be) {
   return gbs;
 }
 
+// Microseconds per call of `enqueue(i)` for i < calls, captured as one CUDA
+// graph through the backend and replayed (median of 7 replays after one
+// eager call and one warm-up replay).
+double backend_graph_us(ops::Backend& be, int calls, const std::function<void(int)>& enqueue) {
+  enqueue(0);  // eager first: plans, autotuning and workspaces settle outside capture
+  be.synchronize();
+  be.begin_capture();
+  for (int i = 0; i < calls; ++i) enqueue(i);
+  auto graph = be.end_capture();
+  if (!graph) return -1;
+  graph->launch();
+  be.synchronize();
+  std::vector<double> t;
+  for (int r = 0; r < 7; ++r) {
+    const uint64_t a = be.timer_mark();
+    graph->launch();
+    const uint64_t b = be.timer_mark();
+    t.push_back(be.timer_elapsed_ms(a, b) * 1e3 / calls);
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+// Small-n GEMM sweep (see the file comment). Weights: enough copies of each
+// matrix (>= 256 MiB together) that back-to-back calls read device memory,
+// not L2; random values (zeros run faster than real data). GB/s counts the
+// bytes one call must move (weights + x + out); % copy is against the copy
+// ceiling (read + write).
+void gemm_small_sweep(ops::Backend& be, double copy_gbs) {
+  struct Shape {
+    const char* name;
+    int64_t m, k;
+  };
+  const Shape shapes[] = {{"qkv", 6144, 4096},
+                          {"o", 4096, 4096},
+                          {"gate_up", 28672, 4096},
+                          {"down", 4096, 14336},
+                          {"lm_head", 128256, 4096}};
+  const int64_t rows[] = {9, 16, 24, 32, 48, 56, 64, 96, 100, 127, 128};
+  for (DType t : {DType::kBF16, DType::kF16}) {
+    std::printf("GEMM %s at small n (x [n, k] @ w [m, k]^T, out %s)\n", std::string(dtype_name(t)).c_str(),
+                std::string(dtype_name(t)).c_str());
+    std::printf("%-8s %5s %9s %8s %7s %8s\n", "shape", "n", "us", "GB/s", "% copy", "TFLOP/s");
+    for (const Shape& sh : shapes) {
+      const size_t wbytes = static_cast<size_t>(sh.m * sh.k) * 2;
+      const int copies = static_cast<int>(std::clamp<size_t>(((size_t{256} << 20) + wbytes - 1) / wbytes, 1, 16));
+      std::vector<std::unique_ptr<Buf>> ws;
+      std::vector<Tensor> wt;
+      for (int c = 0; c < copies; ++c) {
+        ws.push_back(std::make_unique<Buf>(be, wbytes));
+        wt.push_back(Tensor(ws.back()->p, t, {sh.m, sh.k}, Device::kCuda));
+        be.fill_uniform(wt.back(), 100 + static_cast<uint64_t>(c), -0.05f, 0.05f);
+      }
+      const int calls = copies * std::max(1, (8 + copies - 1) / copies);
+      Buf x(be, static_cast<size_t>(128 * sh.k) * 2), o(be, static_cast<size_t>(128 * sh.m) * 2);
+      for (int64_t n : rows) {
+        if (t == DType::kF16 && n != 16 && n != 64 && n != 128) continue;
+        Tensor xt(x.p, t, {n, sh.k}, Device::kCuda), ot(o.p, t, {n, sh.m}, Device::kCuda);
+        be.fill_uniform(xt, 7, -2.0f, 2.0f);
+        be.synchronize();
+        const double us = backend_graph_us(be, calls, [&](int i) {
+          be.matmul(xt, wt[static_cast<size_t>(i % copies)], Tensor(), ot);
+        });
+        const double bytes = static_cast<double>(wbytes) + 2.0 * n * sh.k + 2.0 * n * sh.m;
+        const double gbs = bytes / us / 1e3;
+        std::printf("%-8s %5lld %9.1f %8.1f %6.1f%% %8.1f\n", sh.name, static_cast<long long>(n), us, gbs,
+                    100.0 * gbs / copy_gbs, 2.0 * n * sh.m * sh.k / us / 1e6);
+        std::fflush(stdout);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -214,6 +293,13 @@ int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "decode-attention") == 0) {
     const double copy_gbs = copy_ceiling(*be);
     decode_attention_sweep(*be, copy_gbs);
+    std::printf("copy ceiling %.0f GB/s\n", copy_gbs);
+    return 0;
+  }
+
+  if (argc > 1 && std::strcmp(argv[1], "gemm-small") == 0) {
+    const double copy_gbs = copy_ceiling(*be);
+    gemm_small_sweep(*be, copy_gbs);
     std::printf("copy ceiling %.0f GB/s\n", copy_gbs);
     return 0;
   }

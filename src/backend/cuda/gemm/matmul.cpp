@@ -40,25 +40,36 @@ constexpr size_t kLtWorkspaceBytes = size_t{32} << 20;  // == the cuBLAS workspa
 // Autotuning (lt_gemm): the first call of a shape with at least
 // kLtTuneMinRows rows times the heuristic's first kLtCandidates algorithms
 // on the call's own operands (kLtTuneReps runs each after one warm-up) and
-// keeps the fastest. The winner is remembered per bucket of n (rounded up to
-// a power of two) and reused, after cublasLtMatmulAlgoCheck, for the other
-// n of that bucket, so a server that sees many token counts times each
-// weight shape a few times, not once per count. Not timed: calls inside
+// keeps the fastest. The winner is remembered per bucket of n and reused,
+// after cublasLtMatmulAlgoCheck, for the other n of that bucket, so a server
+// that sees many token counts times each weight shape a few times, not once
+// per count. Buckets: n rounded up to a multiple of 8 up to
+// kLtFineTuneMaxRows (the decode graphs' batch sizes are such multiples),
+// to a power of two above. An algorithm timed at one n can be far off at
+// another n of the same power-of-two bucket (H100, gpu_op_bench gemm-small,
+// 2026-11-26, Llama-3-8B shapes, BF16): with power-of-two buckets, n = 96's
+// pick run at n = 100-128 took 92-94 us for down (4096x14336) against
+// 44-45 us when tuned per multiple of 8, 564-614 us for lm_head against
+// 384 us, 27-34 us for o against 15-16 us; the online 100-stream run's ITL
+// p50 went from 9.76 to 8.10 ms (docs/PERF.md). Not timed: calls inside
 // graph capture (the engine runs every graph's shape eagerly first, so the
 // plan is settled before it is captured) and accumulating calls (beta = 1:
 // repeated runs would change out).
 constexpr int kLtCandidates = 8;
 constexpr int64_t kLtTuneMinRows = 16;
+constexpr int64_t kLtFineTuneMaxRows = 256;
 constexpr int kLtTuneReps = 3;
 
 // OSPREY_LT_AUTOTUNE=0: no timing, the heuristic's first choice (for A/B
-// runs); =log: also print each timed shape (stderr).
-enum class TuneMode { kOff, kOn, kLog };
+// runs); =log: also print each timed shape (stderr); =pow2: power-of-two
+// buckets for every n (the policy before the multiple-of-8 buckets, for A/B).
+enum class TuneMode { kOff, kOn, kLog, kPow2 };
 TuneMode tune_mode() {
   static const TuneMode mode = [] {
     const char* v = std::getenv("OSPREY_LT_AUTOTUNE");
     if (v != nullptr && std::strcmp(v, "0") == 0) return TuneMode::kOff;
     if (v != nullptr && std::strcmp(v, "log") == 0) return TuneMode::kLog;
+    if (v != nullptr && std::strcmp(v, "pow2") == 0) return TuneMode::kPow2;
     return TuneMode::kOn;
   }();
   return mode;
@@ -72,6 +83,7 @@ int algo_attr(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttribut
 }
 
 int64_t tune_bucket(int64_t n) {
+  if (n <= kLtFineTuneMaxRows && tune_mode() != TuneMode::kPow2) return (n + 7) / 8 * 8;
   int64_t b = kLtTuneMinRows;
   while (b < n) b <<= 1;
   return b;
