@@ -99,6 +99,21 @@ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
     }                                                                                      \
   } while (0)
 
+// Same for the 16-bit activation dtypes only (BF16, F16): the vectorised
+// kernels that move 8 values per 16-byte access.
+#define OSP_DISPATCH_16(dt, T, ...)                                                        \
+  do {                                                                                     \
+    if ((dt) == ::osprey::DType::kBF16) {                                                  \
+      using T = __nv_bfloat16;                                                             \
+      __VA_ARGS__;                                                                         \
+    } else if ((dt) == ::osprey::DType::kF16) {                                            \
+      using T = __half;                                                                    \
+      __VA_ARGS__;                                                                         \
+    } else {                                                                               \
+      OSP_CHECK_MSG(false, "not a 16-bit activation dtype: " << ::osprey::dtype_name(dt)); \
+    }                                                                                      \
+  } while (0)
+
 // Same for the float storage dtypes F32, F16, BF16 (KV pages, conversions).
 #define OSP_DISPATCH_FLOAT(dt, T, ...)                                                     \
   do {                                                                                     \

@@ -48,9 +48,9 @@ __global__ void add_kernel(T* __restrict__ x, const T* __restrict__ y, int64_t c
   }
 }
 
-// BF16 rows with f % 8 == 0 and 16-byte aligned rows: 8 outputs per thread.
-__global__ void silu_mul_bf16x8_kernel(const __nv_bfloat16* __restrict__ gate_up, int64_t n, int64_t f,
-                                       __nv_bfloat16* __restrict__ out) {
+// BF16 or F16 rows (T) with f % 8 == 0 and 16-byte aligned rows: 8 outputs per thread.
+template <class T>
+__global__ void silu_mul_x8_kernel(const T* __restrict__ gate_up, int64_t n, int64_t f, T* __restrict__ out) {
   pdl_launch_dependents();
   pdl_wait();
   const int64_t count = n * f / 8;
@@ -59,11 +59,11 @@ __global__ void silu_mul_bf16x8_kernel(const __nv_bfloat16* __restrict__ gate_up
     const int64_t r = (i * 8) / f;
     const int64_t c = i * 8 - r * f;
     float g[8], u[8];
-    load8_act<__nv_bfloat16>(gate_up + r * 2 * f + c, g);
-    load8_act<__nv_bfloat16>(gate_up + r * 2 * f + f + c, u);
-    alignas(16) __nv_bfloat16 o[8];
+    load8_act<T>(gate_up + r * 2 * f + c, g);
+    load8_act<T>(gate_up + r * 2 * f + f + c, u);
+    alignas(16) T o[8];
 #pragma unroll
-    for (int e = 0; e < 8; ++e) o[e] = __float2bfloat16_rn(g[e] / (1.0f + expf(-g[e])) * u[e]);
+    for (int e = 0; e < 8; ++e) o[e] = from_float<T>(g[e] / (1.0f + expf(-g[e])) * u[e]);
     *reinterpret_cast<uint4*>(out + i * 8) = *reinterpret_cast<const uint4*>(o);
   }
 }
@@ -165,10 +165,11 @@ void launch_add(DType act, void* x, const void* y, int64_t count, cudaStream_t s
 
 void launch_silu_mul(DType act, const void* gate_up, int64_t n, int64_t f, void* out, cudaStream_t stream) {
   if (n * f == 0) return;
-  if (act == DType::kBF16 && f % 8 == 0 && reinterpret_cast<uintptr_t>(gate_up) % 16 == 0 &&
+  if ((act == DType::kBF16 || act == DType::kF16) && f % 8 == 0 && reinterpret_cast<uintptr_t>(gate_up) % 16 == 0 &&
       reinterpret_cast<uintptr_t>(out) % 16 == 0) {
-    launch_pdl(silu_mul_bf16x8_kernel, dim3(grid_for(n * f / 8)), dim3(kThreads), 0, stream,
-               static_cast<const __nv_bfloat16*>(gate_up), n, f, static_cast<__nv_bfloat16*>(out));
+    OSP_DISPATCH_16(act, T,
+                    launch_pdl(silu_mul_x8_kernel<T>, dim3(grid_for(n * f / 8)), dim3(kThreads), 0, stream,
+                               static_cast<const T*>(gate_up), n, f, static_cast<T*>(out)));
     return;
   }
   OSP_DISPATCH_ACT(act, T,

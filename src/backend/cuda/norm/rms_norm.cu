@@ -60,14 +60,13 @@ __global__ void add_rms_norm_kernel(T* residual, const T* __restrict__ x, const 
   for (int64_t i = threadIdx.x; i < d; i += blockDim.x) o[i] = from_float<T>(to_float(rr[i]) * inv * w[i]);
 }
 
-// BF16 rows with d % 8 == 0, d <= 8 * 1024 and 16-byte aligned rows: each
+// BF16 or F16 rows (T) with d % 8 == 0, d <= 8 * 1024 and 16-byte aligned rows: each
 // thread keeps its 8 values in registers, so the row is read once (and, for
 // the fused add, the residual written once) - one global round trip fewer,
 // which is most of the time of a decode step's single-row norm.
-template <bool kAdd>
-__global__ void rms_norm_bf16x8_kernel(__nv_bfloat16* residual, const __nv_bfloat16* __restrict__ x,
-                                       const float* __restrict__ w, float eps, int64_t d,
-                                       __nv_bfloat16* __restrict__ out) {
+template <class T, bool kAdd>
+__global__ void rms_norm_x8_kernel(T* residual, const T* __restrict__ x, const float* __restrict__ w, float eps,
+                                   int64_t d, T* __restrict__ out) {
   __shared__ float red[32];
   const int64_t r = blockIdx.x;
   const int64_t c = static_cast<int64_t>(threadIdx.x) * 8;
@@ -84,17 +83,17 @@ __global__ void rms_norm_bf16x8_kernel(__nv_bfloat16* residual, const __nv_bfloa
   if (active) {
     if constexpr (kAdd) {
       float a[8], b[8];
-      load8_act<__nv_bfloat16>(residual + r * d + c, a);
-      load8_act<__nv_bfloat16>(x + r * d + c, b);
-      alignas(16) __nv_bfloat16 sum[8];
+      load8_act<T>(residual + r * d + c, a);
+      load8_act<T>(x + r * d + c, b);
+      alignas(16) T sum[8];
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
-        sum[e] = __float2bfloat16_rn(a[e] + b[e]);
-        v[e] = __bfloat162float(sum[e]);
+        sum[e] = from_float<T>(a[e] + b[e]);
+        v[e] = to_float(sum[e]);
       }
       *reinterpret_cast<uint4*>(residual + r * d + c) = *reinterpret_cast<const uint4*>(sum);
     } else {
-      load8_act<__nv_bfloat16>(x + r * d + c, v);
+      load8_act<T>(x + r * d + c, v);
     }
 #pragma unroll
     for (int e = 0; e < 8; ++e) ss += v[e] * v[e];
@@ -102,15 +101,15 @@ __global__ void rms_norm_bf16x8_kernel(__nv_bfloat16* residual, const __nv_bfloa
   ss = block_sum(ss, red);
   if (!active) return;
   const float inv = 1.0f / sqrtf(ss / static_cast<float>(d) + eps);
-  alignas(16) __nv_bfloat16 o[8];
+  alignas(16) T o[8];
 #pragma unroll
-  for (int e = 0; e < 8; ++e) o[e] = __float2bfloat16_rn(v[e] * inv * wv[e]);
+  for (int e = 0; e < 8; ++e) o[e] = from_float<T>(v[e] * inv * wv[e]);
   *reinterpret_cast<uint4*>(out + r * d + c) = *reinterpret_cast<const uint4*>(o);
 }
 
 bool vec_ok(DType act, int64_t d, const void* a, const void* b, const void* c) {
   auto al = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  return act == DType::kBF16 && d % 8 == 0 && d <= 8 * 1024 && al(a) && al(b) && al(c);
+  return (act == DType::kBF16 || act == DType::kF16) && d % 8 == 0 && d <= 8 * 1024 && al(a) && al(b) && al(c);
 }
 
 int vec_threads(int64_t d) {
@@ -124,8 +123,9 @@ void launch_rms_norm(DType act, const void* x, const float* w, float eps, int64_
   if (rows == 0 || d == 0) return;
   OSP_CHECK_LE(rows, int64_t{2147483647});
   if (vec_ok(act, d, x, out, x) && x != out) {  // head_rms_norm runs in place: keep the generic kernel
-    launch_pdl(rms_norm_bf16x8_kernel<false>, dim3(static_cast<unsigned>(rows)), dim3(vec_threads(d)), 0, stream,
-               nullptr, static_cast<const __nv_bfloat16*>(x), w, eps, d, static_cast<__nv_bfloat16*>(out));
+    OSP_DISPATCH_16(act, T,
+                    launch_pdl(rms_norm_x8_kernel<T, false>, dim3(static_cast<unsigned>(rows)), dim3(vec_threads(d)),
+                               0, stream, nullptr, static_cast<const T*>(x), w, eps, d, static_cast<T*>(out)));
     return;
   }
   OSP_DISPATCH_ACT(act, T,
@@ -138,9 +138,10 @@ void launch_add_rms_norm(DType act, void* residual, const void* x, const float* 
   if (rows == 0 || d == 0) return;
   OSP_CHECK_LE(rows, int64_t{2147483647});
   if (vec_ok(act, d, residual, x, out)) {
-    launch_pdl(rms_norm_bf16x8_kernel<true>, dim3(static_cast<unsigned>(rows)), dim3(vec_threads(d)), 0, stream,
-               static_cast<__nv_bfloat16*>(residual), static_cast<const __nv_bfloat16*>(x), w, eps, d,
-               static_cast<__nv_bfloat16*>(out));
+    OSP_DISPATCH_16(act, T,
+                    launch_pdl(rms_norm_x8_kernel<T, true>, dim3(static_cast<unsigned>(rows)), dim3(vec_threads(d)),
+                               0, stream, static_cast<T*>(residual), static_cast<const T*>(x), w, eps, d,
+                               static_cast<T*>(out)));
     return;
   }
   OSP_DISPATCH_ACT(act, T,
