@@ -425,8 +425,8 @@ TEST_F(F16Attention, DecodeWithPaddingAndGraphContract) {
 }
 
 // Prefill and mixed steps (earlier pages, odd lengths, single tokens, GQA
-// 1/4/8, windows) on the generic kernel (the mma.sync prefill kernel is
-// bf16-only), unsplit and with forced KV splits (combine kernel in F16).
+// 1/4/8, windows): F16 pages on the mma.sync prefill kernel, BF16 pages and
+// forced KV splits (combine kernel in F16) on the generic kernel.
 TEST_F(F16Attention, PrefillAndMixedSteps) {
   const std::vector<AttnSeq> seqs = {{77, 0}, {1, 40}, {130, 66}, {16, 0}, {5, 203}, {33, 1500}};
   for (AttnShape sh :

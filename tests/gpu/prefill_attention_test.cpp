@@ -1,12 +1,13 @@
-// Prefill attention on BF16 pages (prefill_attention_mma.cu: every block
-// shape and the automatic choice; the wmma fallback; the paged_attention op)
-// against a float64 reference, and the fused QKV norm + RoPE + KV write
+// Prefill attention on BF16 and on F16 pages (prefill_attention_mma.cu:
+// every block shape and the automatic choice; the wmma fallback; the
+// paged_attention op) against a float64 reference, and the fused QKV norm + RoPE + KV write
 // (qkv_rope.cu: the vectorised kernel and the general one) against the CPU
 // backend, at prefill sizes.
 //
 // Not tests: DISABLED_PrefillAttentionBench prints TFLOP/s of one causal
-// prompt of 1k / 2k / 4k / 8k tokens (Llama-3-8B heads: 32 q / 8 kv x 128)
-// for every block shape. Run with
+// prompt of 1k / 2k / 4k / 8k tokens and of 4 x 2k (Llama-3-8B heads: 32 q /
+// 8 kv x 128) for every block shape and both block orders (bf16), and the
+// automatic choice in f16. Run with
 //   gpu_tests --gtest_also_run_disabled_tests --gtest_filter='*PrefillAttentionBench*'
 #include <cuda_runtime_api.h>
 
@@ -38,12 +39,14 @@ struct Seq {
   int q_len, past;
 };
 
-// A prefill step over BF16 pages: random q/k/v (bf16 values), pages of each
-// sequence in a shuffled order, positions past + i. Owns its device copies.
+// A prefill step over pages of dt (BF16 or F16; q and out too): random
+// q/k/v (values exact in dt), pages of each sequence in a shuffled order,
+// positions past + i. Owns its device copies.
 class Problem {
  public:
-  Problem(ops::Backend& gpu, Heads h, const std::vector<Seq>& seqs, int bs, uint32_t seed, float scale = 0.0f)
-      : h_(h), bs_(bs), scale_(scale != 0.0f ? scale : 1.0f / std::sqrt(static_cast<float>(h.hd))) {
+  Problem(ops::Backend& gpu, Heads h, const std::vector<Seq>& seqs, int bs, uint32_t seed, float scale = 0.0f,
+          DType dt = DType::kBF16)
+      : h_(h), bs_(bs), scale_(scale != 0.0f ? scale : 1.0f / std::sqrt(static_cast<float>(h.hd))), dt_(dt) {
     std::mt19937 rng(seed);
     for (const auto& s : seqs) {
       const int len = s.past + s.q_len;
@@ -62,12 +65,12 @@ class Problem {
     }
     n_ = q_indptr_.back();
     const size_t page_elems = static_cast<size_t>(bs) * h.hk * h.hd;
-    k_ = round_bf16(random_floats(static_cast<size_t>(pages_) * page_elems, seed + 1, -2, 2));
-    v_ = round_bf16(random_floats(static_cast<size_t>(pages_) * page_elems, seed + 2, -2, 2));
-    q_ = round_bf16(random_floats(static_cast<size_t>(n_) * h.hq * h.hd, seed + 3, -2, 2));
-    gk_.emplace(upload(gpu, to_bf16(k_)));
-    gv_.emplace(upload(gpu, to_bf16(v_)));
-    gq_.emplace(upload(gpu, to_bf16(q_)));
+    k_ = from_el(to_el(random_floats(static_cast<size_t>(pages_) * page_elems, seed + 1, -2, 2)));
+    v_ = from_el(to_el(random_floats(static_cast<size_t>(pages_) * page_elems, seed + 2, -2, 2)));
+    q_ = from_el(to_el(random_floats(static_cast<size_t>(n_) * h.hq * h.hd, seed + 3, -2, 2)));
+    gk_.emplace(upload(gpu, to_el(k_)));
+    gv_.emplace(upload(gpu, to_el(v_)));
+    gq_.emplace(upload(gpu, to_el(q_)));
     go_.emplace(gpu, q_.size() * 2);
     d_qi_.emplace(upload(gpu, q_indptr_));
     d_kl_.emplace(upload(gpu, kv_lens_));
@@ -79,11 +82,11 @@ class Problem {
 
   cuda::PagedAttentionArgs args() const {
     cuda::PagedAttentionArgs a;
-    a.act = DType::kBF16;
+    a.act = dt_;
     a.q = gq_->get();
     a.k_cache = gk_->get();
     a.v_cache = gv_->get();
-    a.kv_dtype = DType::kBF16;
+    a.kv_dtype = dt_;
     a.num_blocks = pages_;
     a.block_size = bs_;
     a.hq = h_.hq;
@@ -120,10 +123,10 @@ class Problem {
       b.block_indices = d_bx_->as<int32_t>();
       b.positions = d_pos_->as<int32_t>();
       b.slot_mapping = d_sl_->as<int32_t>();
-      ops::LayerKv kv{Tensor(gk_->get(), DType::kBF16, {pages_, bs_, h_.hk, h_.hd}, Device::kCuda),
-                      Tensor(gv_->get(), DType::kBF16, {pages_, bs_, h_.hk, h_.hd}, Device::kCuda)};
-      Tensor q(gq_->get(), DType::kBF16, {n_, h_.hq, h_.hd}, Device::kCuda);
-      Tensor out(go_->get(), DType::kBF16, {n_, h_.hq, h_.hd}, Device::kCuda);
+      ops::LayerKv kv{Tensor(gk_->get(), dt_, {pages_, bs_, h_.hk, h_.hd}, Device::kCuda),
+                      Tensor(gv_->get(), dt_, {pages_, bs_, h_.hk, h_.hd}, Device::kCuda)};
+      Tensor q(gq_->get(), dt_, {n_, h_.hq, h_.hd}, Device::kCuda);
+      Tensor out(go_->get(), dt_, {n_, h_.hq, h_.hd}, Device::kCuda);
       gpu.paged_attention(q, kv, b, scale_, h_.window, out);
       gpu.synchronize();
     } else if (variant == -1) {
@@ -134,7 +137,7 @@ class Problem {
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   }
 
-  // 0xFFFF (a bf16 NaN) everywhere, so an unwritten element fails.
+  // 0xFFFF (a NaN in bf16 and in f16) everywhere, so an unwritten element fails.
   void poison() {
     ASSERT_EQ(cudaMemset(go_->get(), 0xFF, q_.size() * 2), cudaSuccess);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -180,9 +183,9 @@ class Problem {
   }
 
   // Every element written and finite; every stride-th token and the last of
-  // each sequence within bf16 rounding of the reference (kept across calls).
+  // each sequence within 16-bit rounding of the reference (kept across calls).
   void check(ops::Backend& gpu, int stride, const std::string& what) {
-    const auto got = from_bf16(output(gpu));
+    const auto got = from_el(output(gpu));
     for (size_t i = 0; i < got.size(); ++i) {
       ASSERT_TRUE(std::isfinite(got[i])) << what << ": element " << i << " unwritten or not finite";
     }
@@ -199,8 +202,9 @@ class Problem {
       g.insert(g.end(), got.begin() + static_cast<std::ptrdiff_t>(t * row),
                got.begin() + static_cast<std::ptrdiff_t>((t + 1) * row));
     }
-    // P is rounded to bf16 before P V, then the output: a few bf16 ulps.
-    expect_close(g, ref_, 3e-4, 3e-2, what);
+    // P is rounded to dt before P V, then the output: a few bf16 ulps (f16,
+    // 3 more mantissa bits, is held to the same bound).
+    expect_close(g, ref_, 3e-4, 3e-2, what + " " + std::string(dtype_name(dt_)));
   }
 
   double causal_flops() const {
@@ -213,9 +217,15 @@ class Problem {
   }
 
  private:
+  std::vector<uint16_t> to_el(const std::vector<float>& v) const { return dt_ == DType::kF16 ? to_f16(v) : to_bf16(v); }
+  std::vector<float> from_el(const std::vector<uint16_t>& v) const {
+    return dt_ == DType::kF16 ? from_f16(v) : from_bf16(v);
+  }
+
   Heads h_;
   int bs_;
   float scale_;
+  DType dt_;
   std::vector<int32_t> q_indptr_{0}, kv_lens_, block_indptr_{0}, block_indices_, positions_;
   int pages_ = 0, max_q_ = 0, max_kv_ = 0, n_ = 0;
   std::vector<float> k_, v_, q_;
@@ -232,8 +242,9 @@ class PrefillAttention : public GpuTest {};
 
 // Every block shape (and the op, and the wmma kernel) on: GQA 1 / 4 / 8,
 // head_dim 64 / 128, sliding windows, chunks after earlier pages, a decode
-// row in a prefill batch, page sizes 16 / 32 and a non-power-of-two one.
-TEST_F(PrefillAttention, EveryBlockShapeMatchesFloat64) {
+// row in a prefill batch, page sizes 16 / 32 and a non-power-of-two one;
+// BF16 here, F16 below.
+void every_block_shape_matches_float64(ops::Backend& gpu, DType dt) {
   const std::vector<Seq> mixed = {{700, 0}, {333, 1200}, {1, 900}, {64, 64}, {129, 3}};
   struct Case {
     Heads h;
@@ -250,11 +261,49 @@ TEST_F(PrefillAttention, EveryBlockShapeMatchesFloat64) {
   };
   uint32_t seed = 11;
   for (const auto& c : cases) {
-    Problem pb(gpu(), c.h, c.seqs, c.bs, seed += 7);
+    Problem pb(gpu, c.h, c.seqs, c.bs, seed += 7, 0.0f, dt);
+    for (int variant = -2; variant < cuda::kNumPrefillMmaVariants; ++variant) {
+      pb.poison();
+      pb.run(gpu, variant);
+      pb.check(gpu, 41, tag(c.h, c.bs, variant));
+    }
+  }
+}
+
+TEST_F(PrefillAttention, EveryBlockShapeMatchesFloat64) {
+  every_block_shape_matches_float64(gpu(), DType::kBF16);
+}
+
+TEST_F(PrefillAttention, EveryBlockShapeMatchesFloat64F16) {
+  every_block_shape_matches_float64(gpu(), DType::kF16);
+}
+
+// F16 at prompt lengths where the automatic choice takes the wide block
+// shapes: long prompts (1000-4096 tokens), a chunk after 2100 earlier
+// tokens, a decode-like row after 3000, GQA 1/4/8, head_dim 64/128,
+// windows; through the op and every block shape.
+TEST_F(PrefillAttention, LongPromptsAndChunksF16) {
+  const std::vector<Seq> mixed = {{1000, 2100}, {1500, 0}, {1, 3000}, {77, 5}};
+  struct Case {
+    Heads h;
+    std::vector<Seq> seqs;
+    int bs;
+  };
+  const std::vector<Case> cases = {
+      {{4, 4, 128, 0}, mixed, 16},         // G = 1
+      {{8, 2, 64, 0}, mixed, 16},          // G = 4
+      {{8, 1, 128, 0}, mixed, 32},         // G = 8 (MQA)
+      {{8, 2, 128, 513}, mixed, 16},       // window
+      {{4, 1, 64, 100}, {{4096, 0}}, 16},  // one 4096-token prompt, small window
+      {{32, 8, 128, 0}, {{4096, 0}}, 16},  // one 4096-token prompt, Llama-3-8B heads
+  };
+  uint32_t seed = 200;
+  for (const auto& c : cases) {
+    Problem pb(gpu(), c.h, c.seqs, c.bs, seed += 3, 0.0f, DType::kF16);
     for (int variant = -2; variant < cuda::kNumPrefillMmaVariants; ++variant) {
       pb.poison();
       pb.run(gpu(), variant);
-      pb.check(gpu(), 41, tag(c.h, c.bs, variant));
+      pb.check(gpu(), 97, tag(c.h, c.bs, variant));
     }
   }
 }
@@ -262,24 +311,28 @@ TEST_F(PrefillAttention, EveryBlockShapeMatchesFloat64) {
 // The same launch twice gives the same bits (a race would show as a moving
 // result), for every block shape.
 TEST_F(PrefillAttention, RepeatableBitForBit) {
-  Problem pb(gpu(), {32, 8, 128, 0}, {{1000, 0}, {300, 700}}, 16, 5);
-  for (int variant = 0; variant < cuda::kNumPrefillMmaVariants; ++variant) {
-    pb.run(gpu(), variant);
-    const auto first = pb.output(gpu());
-    pb.poison();
-    pb.run(gpu(), variant);
-    EXPECT_EQ(pb.output(gpu()), first) << "variant " << variant;
+  for (DType dt : {DType::kBF16, DType::kF16}) {
+    Problem pb(gpu(), {32, 8, 128, 0}, {{1000, 0}, {300, 700}}, 16, 5, 0.0f, dt);
+    for (int variant = 0; variant < cuda::kNumPrefillMmaVariants; ++variant) {
+      pb.run(gpu(), variant);
+      const auto first = pb.output(gpu());
+      pb.poison();
+      pb.run(gpu(), variant);
+      EXPECT_EQ(pb.output(gpu()), first) << dtype_name(dt) << " variant " << variant;
+    }
   }
 }
 
 // The mma kernel folds the scale into its exponent and needs it positive;
 // the op sends other scales to the wmma kernel, which must still be right.
 TEST_F(PrefillAttention, NonPositiveScaleThroughTheOp) {
-  for (float scale : {-0.05f, 0.125f}) {
-    Problem pb(gpu(), {8, 2, 128, 0}, {{200, 50}, {17, 0}}, 16, 9, scale);
-    pb.poison();
-    pb.run(gpu(), -2);
-    pb.check(gpu(), 13, "scale " + std::to_string(scale));
+  for (DType dt : {DType::kBF16, DType::kF16}) {
+    for (float scale : {-0.05f, 0.125f}) {
+      Problem pb(gpu(), {8, 2, 128, 0}, {{200, 50}, {17, 0}}, 16, 9, scale, dt);
+      pb.poison();
+      pb.run(gpu(), -2);
+      pb.check(gpu(), 13, "scale " + std::to_string(scale));
+    }
   }
 }
 
@@ -383,43 +436,63 @@ TEST_F(PrefillAttention, QkvRopeKvWriteBothKernelsMatchCpu) {
 }
 
 // Not a test: TFLOP/s (causal FLOPs: 4 x hq x hd x visible pairs) of one
-// prompt of L tokens, Llama-3-8B heads, pages of 16 in shuffled order, for
-// every block shape (0 = the automatic choice) and the wmma kernel. Median
-// of 15 event-timed launches after 3 warm-ups.
+// prompt of L tokens (and of four 2048-token prompts), Llama-3-8B heads,
+// pages of 16 in shuffled order: BF16 for every block shape (0 = the
+// automatic choice) in both block orders ("mmaN" longest-first, "mmaN-ph"
+// per KV head) and the wmma kernel; F16 for the automatic choice. Median of
+// 15 event-timed launches after 3 warm-ups.
 TEST_F(PrefillAttention, DISABLED_PrefillAttentionBench) {
   cudaDeviceProp prop{};
   ASSERT_EQ(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
-  std::printf("prefill attention bench on %s: causal, bf16, hq 32, hk 8, hd 128, pages of 16\n", prop.name);
-  std::printf("%-8s %-8s %10s %10s\n", "tokens", "kernel", "ms", "TFLOP/s");
+  std::printf("prefill attention bench on %s: causal, hq 32, hk 8, hd 128, pages of 16\n", prop.name);
+  std::printf("%-10s %-6s %-10s %10s %10s\n", "tokens", "dtype", "kernel", "ms", "TFLOP/s");
   cudaEvent_t e0, e1;
   ASSERT_EQ(cudaEventCreate(&e0), cudaSuccess);
   ASSERT_EQ(cudaEventCreate(&e1), cudaSuccess);
-  for (int len : {1024, 2048, 4096, 8192}) {
-    Problem pb(gpu(), {32, 8, 128, 0}, {{len, 0}}, 16, 3);
-    const auto a = pb.args();
-    for (int variant = -1; variant < cuda::kNumPrefillMmaVariants; ++variant) {
-      auto launch = [&] {
-        if (variant < 0) {
-          cuda::launch_prefill_attention_wmma(a, nullptr);
-        } else {
-          cuda::launch_prefill_attention_mma(a, nullptr, variant);
+  struct Case {
+    std::vector<Seq> seqs;
+    std::string name;
+  };
+  const std::vector<Case> cases = {{{{1024, 0}}, "1024"},
+                                   {{{2048, 0}}, "2048"},
+                                   {{{4096, 0}}, "4096"},
+                                   {{{8192, 0}}, "8192"},
+                                   {{{2048, 0}, {2048, 0}, {2048, 0}, {2048, 0}}, "4x2048"}};
+  for (const auto& c : cases) {
+    for (DType dt : {DType::kBF16, DType::kF16}) {
+      Problem pb(gpu(), {32, 8, 128, 0}, c.seqs, 16, 3, 0.0f, dt);
+      const auto a = pb.args();
+      // -1: wmma; 2 v + o: mma block shape v in order o.
+      const int last = dt == DType::kBF16 ? 2 * cuda::kNumPrefillMmaVariants : 2;
+      for (int k = -1; k < last; ++k) {
+        if (dt == DType::kF16 && k < 0) continue;
+        const int variant = k / 2;
+        const auto order = k % 2 == 0 ? cuda::PrefillOrder::kLongestFirst : cuda::PrefillOrder::kPerHead;
+        auto launch = [&] {
+          if (k < 0) {
+            cuda::launch_prefill_attention_wmma(a, nullptr);
+          } else {
+            cuda::launch_prefill_attention_mma(a, nullptr, variant, order);
+          }
+        };
+        for (int i = 0; i < 3; ++i) launch();
+        std::vector<float> ms;
+        for (int i = 0; i < 15; ++i) {
+          ASSERT_EQ(cudaEventRecord(e0, nullptr), cudaSuccess);
+          launch();
+          ASSERT_EQ(cudaEventRecord(e1, nullptr), cudaSuccess);
+          ASSERT_EQ(cudaEventSynchronize(e1), cudaSuccess);
+          float t = 0;
+          ASSERT_EQ(cudaEventElapsedTime(&t, e0, e1), cudaSuccess);
+          ms.push_back(t);
         }
-      };
-      for (int i = 0; i < 3; ++i) launch();
-      std::vector<float> ms;
-      for (int i = 0; i < 15; ++i) {
-        ASSERT_EQ(cudaEventRecord(e0, nullptr), cudaSuccess);
-        launch();
-        ASSERT_EQ(cudaEventRecord(e1, nullptr), cudaSuccess);
-        ASSERT_EQ(cudaEventSynchronize(e1), cudaSuccess);
-        float t = 0;
-        ASSERT_EQ(cudaEventElapsedTime(&t, e0, e1), cudaSuccess);
-        ms.push_back(t);
+        std::sort(ms.begin(), ms.end());
+        const float med = ms[ms.size() / 2];
+        const std::string name =
+            k < 0 ? "wmma" : "mma" + std::to_string(variant) + (order == cuda::PrefillOrder::kPerHead ? "-ph" : "");
+        std::printf("%-10s %-6s %-10s %10.3f %10.1f\n", c.name.c_str(), dt == DType::kF16 ? "f16" : "bf16",
+                    name.c_str(), med, pb.causal_flops() / (med * 1e-3) / 1e12);
       }
-      std::sort(ms.begin(), ms.end());
-      const float med = ms[ms.size() / 2];
-      const std::string name = variant < 0 ? "wmma" : "mma" + std::to_string(variant);
-      std::printf("%-8d %-8s %10.3f %10.1f\n", len, name.c_str(), med, pb.causal_flops() / (med * 1e-3) / 1e12);
     }
   }
   cudaEventDestroy(e0);

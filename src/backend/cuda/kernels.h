@@ -182,8 +182,8 @@ bool decode_attention_supported(const PagedAttentionArgs& args);
 void plan_decode_splits(PagedAttentionArgs& args, int num_sms);
 
 // Prefill and mixed steps on tensor cores (attention/prefill_attention.cu):
-// BF16 q/out and BF16 pages, head_dim 64/128, num_splits == 1; otherwise use
-// launch_paged_attention.
+// BF16 or F16 q/out with pages of the same dtype, head_dim 64/128,
+// num_splits == 1; otherwise use launch_paged_attention.
 bool prefill_attention_supported(const PagedAttentionArgs& args);
 void launch_prefill_attention(const PagedAttentionArgs& args, cudaStream_t stream);
 void launch_decode_attention(const PagedAttentionArgs& args, cudaStream_t stream);

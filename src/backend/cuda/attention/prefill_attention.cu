@@ -1,24 +1,28 @@
-// Paged attention for prefill (and mixed) steps: BF16 q and BF16 pages,
-// head_dim 64 or 128. launch_prefill_attention runs the register-resident
-// mma.sync kernel (prefill_attention_mma.cu); this file keeps the earlier
-// wmma kernel, below, as the fallback for an unaligned out or a scale <= 0
-// and as the benchmark baseline:
+// Paged attention for prefill (and mixed) steps: 16-bit q, out and pages of
+// one type T (BF16 or F16), head_dim 64 or 128. launch_prefill_attention
+// runs the register-resident mma.sync kernel (prefill_attention_mma.cu);
+// this file keeps the earlier wmma kernel, below, as the fallback for an
+// unaligned out or a scale <= 0 and as the benchmark baseline:
 //
 // Work tile: 64 rows of one sequence and one KV head, row r = (query token
 // r / G, query head kv_head * G + r % G), G = hq / hk, so the query heads
 // sharing a KV head read each K/V tile once (GQA/MQA). Four warps, each
 // owning 16 rows. Per tile of 64 keys (gathered from the pages with 16-byte
 // loads into shared memory):
-//   S = Q K^T       wmma bf16 16x16x16, fp32 accumulate -> shared memory
+//   S = Q K^T       wmma 16x16x16 on T, fp32 accumulate -> shared memory
 //   softmax         two lanes per row: causal/window/length mask, running
-//                   max and sum in fp32, P rounded to bf16, O rows rescaled
+//                   max and sum in fp32, P rounded to T, O rows rescaled
 //   O += P V        wmma with O kept in shared memory (fp32)
 // Rows are causal by position, so earlier pages (prefix cache, earlier
 // chunks) and variable lengths in one batch come for free.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <mma.h>
 
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
+#include <cstring>
 
 #include "backend/cuda/attention/prefill_attention_mma.h"
 #include "backend/cuda/cuda_check.h"
@@ -34,20 +38,19 @@ using namespace nvcuda;
 constexpr int kM = 64;  // rows per block
 constexpr int kN = 64;  // keys per tile
 constexpr int kThreads = 128;
-using bf16 = __nv_bfloat16;
 
 template <int kHd>
 struct Layout {
-  static constexpr int kQP = kHd + 8;  // bf16 pitch of sQ, sK, sV
+  static constexpr int kQP = kHd + 8;  // element pitch of sQ, sK, sV
   static constexpr int kSP = kN + 4;   // fp32 pitch of sS
-  static constexpr int kPP = kN + 8;   // bf16 pitch of sP
+  static constexpr int kPP = kN + 8;   // element pitch of sP
   static constexpr int kOP = kHd + 4;  // fp32 pitch of sO
   static constexpr size_t q = 0;
-  static constexpr size_t k = q + sizeof(bf16) * kM * kQP;
-  static constexpr size_t v = k + sizeof(bf16) * kN * kQP;
-  static constexpr size_t s = v + sizeof(bf16) * kN * kQP;
+  static constexpr size_t k = q + sizeof(uint16_t) * kM * kQP;
+  static constexpr size_t v = k + sizeof(uint16_t) * kN * kQP;
+  static constexpr size_t s = v + sizeof(uint16_t) * kN * kQP;
   static constexpr size_t p = s + sizeof(float) * kM * kSP;
-  static constexpr size_t o = p + sizeof(bf16) * kM * kPP;
+  static constexpr size_t o = p + sizeof(uint16_t) * kM * kPP;
   static constexpr size_t m = o + sizeof(float) * kM * kOP;
   static constexpr size_t l = m + sizeof(float) * kM;
   static constexpr size_t lo = l + sizeof(float) * kM;
@@ -57,15 +60,15 @@ struct Layout {
   static_assert(k % 32 == 0 && v % 32 == 0 && s % 32 == 0 && p % 32 == 0 && o % 32 == 0, "wmma alignment");
 };
 
-template <int kHd>
+template <class T, int kHd>
 __global__ void __launch_bounds__(kThreads) prefill_attention_kernel(PagedAttentionArgs a, int tiles_per_seq) {
   using L = Layout<kHd>;
   extern __shared__ __align__(128) unsigned char smem[];
-  bf16* sQ = reinterpret_cast<bf16*>(smem + L::q);
-  bf16* sK = reinterpret_cast<bf16*>(smem + L::k);
-  bf16* sV = reinterpret_cast<bf16*>(smem + L::v);
+  T* sQ = reinterpret_cast<T*>(smem + L::q);
+  T* sK = reinterpret_cast<T*>(smem + L::k);
+  T* sV = reinterpret_cast<T*>(smem + L::v);
   float* sS = reinterpret_cast<float*>(smem + L::s);
-  bf16* sP = reinterpret_cast<bf16*>(smem + L::p);
+  T* sP = reinterpret_cast<T*>(smem + L::p);
   float* sO = reinterpret_cast<float*>(smem + L::o);
   float* sM = reinterpret_cast<float*>(smem + L::m);
   float* sL = reinterpret_cast<float*>(smem + L::l);
@@ -87,7 +90,7 @@ __global__ void __launch_bounds__(kThreads) prefill_attention_kernel(PagedAttent
   const int lane = tid & 31;
   constexpr int kChunks = kHd / 8;  // 16-byte chunks per row
 
-  // Rows: key ranges, running state, q (bf16).
+  // Rows: key ranges, running state, q.
   for (int r = tid; r < kM; r += kThreads) {
     const int grow = row0 + r;
     int lo = INT_MAX, hi = INT_MIN;
@@ -105,7 +108,7 @@ __global__ void __launch_bounds__(kThreads) prefill_attention_kernel(PagedAttent
     sM[r] = -INFINITY;
     sL[r] = 0.0f;
   }
-  const bf16* q = static_cast<const bf16*>(a.q);
+  const T* q = static_cast<const T*>(a.q);
   for (int i = tid; i < kM * kChunks; i += kThreads) {
     const int r = i / kChunks;
     const int c = i - r * kChunks;
@@ -127,8 +130,8 @@ __global__ void __launch_bounds__(kThreads) prefill_attention_kernel(PagedAttent
   }
 
   const int32_t* pages = a.block_indices + a.block_indptr[seq];
-  const bf16* kc = static_cast<const bf16*>(a.k_cache);
-  const bf16* vc = static_cast<const bf16*>(a.v_cache);
+  const T* kc = static_cast<const T*>(a.k_cache);
+  const T* vc = static_cast<const T*>(a.v_cache);
   const int bs = a.block_size;
   const int64_t slot_stride = static_cast<int64_t>(a.hk) * kHd;
   const int my_row = warp * 16 + (lane >> 1);  // softmax: two lanes per row
@@ -163,8 +166,8 @@ __global__ void __launch_bounds__(kThreads) prefill_attention_kernel(PagedAttent
       wmma::fill_fragment(acc, 0.0f);
 #pragma unroll
       for (int kk = 0; kk < kHd / 16; ++kk) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> fa;
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> fb;
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> fb;
         wmma::load_matrix_sync(fa, sQ + warp * 16 * L::kQP + kk * 16, L::kQP);
         wmma::load_matrix_sync(fb, sK + nk * 16 * L::kQP + kk * 16, L::kQP);
         wmma::mma_sync(acc, fa, fb, acc);
@@ -196,11 +199,11 @@ __global__ void __launch_bounds__(kThreads) prefill_attention_kernel(PagedAttent
         for (int j = 0; j < kN / 2; ++j) {
           const float p = expf(sc[j] - m_new);
           psum += p;
-          sP[my_row * L::kPP + half * (kN / 2) + j] = __float2bfloat16_rn(p);
+          sP[my_row * L::kPP + half * (kN / 2) + j] = from_float<T>(p);
         }
       } else {
 #pragma unroll
-        for (int j = 0; j < kN / 2; ++j) sP[my_row * L::kPP + half * (kN / 2) + j] = __float2bfloat16_rn(0.0f);
+        for (int j = 0; j < kN / 2; ++j) sP[my_row * L::kPP + half * (kN / 2) + j] = from_float<T>(0.0f);
       }
       psum += __shfl_xor_sync(0xffffffffu, psum, 1);
       const float l_old = sL[my_row];
@@ -225,8 +228,8 @@ __global__ void __launch_bounds__(kThreads) prefill_attention_kernel(PagedAttent
       wmma::load_matrix_sync(acc, optr, L::kOP, wmma::mem_row_major);
 #pragma unroll
       for (int kk = 0; kk < kN / 16; ++kk) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> fa;
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major> fb;
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> fb;
         wmma::load_matrix_sync(fa, sP + warp * 16 * L::kPP + kk * 16, L::kPP);
         wmma::load_matrix_sync(fb, sV + kk * 16 * L::kQP + nd * 16, L::kQP);
         wmma::mma_sync(acc, fa, fb, acc);
@@ -237,7 +240,7 @@ __global__ void __launch_bounds__(kThreads) prefill_attention_kernel(PagedAttent
   __syncthreads();
 
   // out = O / l (zero rows without keys).
-  bf16* out = static_cast<bf16*>(a.out);
+  T* out = static_cast<T*>(a.out);
   for (int i = tid; i < kM * kHd; i += kThreads) {
     const int r = i / kHd;
     const int d = i - r * kHd;
@@ -247,18 +250,18 @@ __global__ void __launch_bounds__(kThreads) prefill_attention_kernel(PagedAttent
     const int head = kvh * group + grow % group;
     const float l = sL[r];
     out[(static_cast<int64_t>(token) * a.hq + head) * kHd + d] =
-        __float2bfloat16_rn(l > 0.0f ? sO[r * L::kOP + d] / l : 0.0f);
+        from_float<T>(l > 0.0f ? sO[r * L::kOP + d] / l : 0.0f);
   }
 }
 
-template <int kHd>
+template <class T, int kHd>
 void launch_typed(const PagedAttentionArgs& a, cudaStream_t stream) {
   const int group = a.hq / a.hk;
   const int tiles = (a.max_q_len * group + kM - 1) / kM;
   const int64_t blocks_x = static_cast<int64_t>(a.num_seqs) * tiles;
   OSP_CHECK_LE(blocks_x, int64_t{2147483647});
   constexpr size_t smem = Layout<kHd>::bytes;
-  auto kernel = prefill_attention_kernel<kHd>;
+  auto kernel = prefill_attention_kernel<T, kHd>;
   OSP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   const dim3 grid(static_cast<unsigned>(blocks_x), static_cast<unsigned>(a.hk));
   kernel<<<grid, kThreads, smem, stream>>>(a, tiles);
@@ -272,17 +275,24 @@ bool aligned16(const void* p) {
 }  // namespace
 
 bool prefill_attention_supported(const PagedAttentionArgs& a) {
-  return a.act == DType::kBF16 && a.kv_dtype == DType::kBF16 && (a.hd == 64 || a.hd == 128) && a.hk > 0 &&
-         a.hq % a.hk == 0 && a.num_splits == 1 && aligned16(a.q) && aligned16(a.k_cache) && aligned16(a.v_cache);
+  return (a.act == DType::kBF16 || a.act == DType::kF16) && a.kv_dtype == a.act && (a.hd == 64 || a.hd == 128) &&
+         a.hk > 0 && a.hq % a.hk == 0 && a.num_splits == 1 && aligned16(a.q) && aligned16(a.k_cache) &&
+         aligned16(a.v_cache);
 }
 
 void launch_prefill_attention_wmma(const PagedAttentionArgs& a, cudaStream_t stream) {
   OSP_CHECK(prefill_attention_supported(a));
   if (a.num_tokens == 0 || a.num_seqs == 0 || a.max_q_len == 0) return;
-  if (a.hd == 64) {
-    launch_typed<64>(a, stream);
+  if (a.act == DType::kF16) {
+    if (a.hd == 64) {
+      launch_typed<__half, 64>(a, stream);
+    } else {
+      launch_typed<__half, 128>(a, stream);
+    }
+  } else if (a.hd == 64) {
+    launch_typed<__nv_bfloat16, 64>(a, stream);
   } else {
-    launch_typed<128>(a, stream);
+    launch_typed<__nv_bfloat16, 128>(a, stream);
   }
 }
 
@@ -290,7 +300,12 @@ void launch_prefill_attention(const PagedAttentionArgs& a, cudaStream_t stream) 
   OSP_CHECK(prefill_attention_supported(a));
   if (a.num_tokens == 0 || a.num_seqs == 0 || a.max_q_len == 0) return;
   if (aligned16(a.out) && a.scale > 0.0f) {  // the mma kernel folds a positive scale into its exponent
-    launch_prefill_attention_mma(a, stream);
+    // OSPREY_PREFILL_ORDER=per_head: the earlier block order, for an A/B.
+    static const PrefillOrder order = [] {
+      const char* e = std::getenv("OSPREY_PREFILL_ORDER");
+      return e != nullptr && std::strcmp(e, "per_head") == 0 ? PrefillOrder::kPerHead : PrefillOrder::kLongestFirst;
+    }();
+    launch_prefill_attention_mma(a, stream, 0, order);
   } else {
     launch_prefill_attention_wmma(a, stream);
   }

@@ -1,6 +1,7 @@
 // Paged attention for prefill (and mixed / chunked-prefill) steps, register
-// resident, FlashAttention-2 style: BF16 q and BF16 pages, head_dim 64 or
-// 128, mma.sync m16n8k16 (bf16 in, fp32 accumulate).
+// resident, FlashAttention-2 style: 16-bit q, out and pages of one type T
+// (BF16 or F16), head_dim 64 or 128, mma.sync m16n8k16 (T in, fp32
+// accumulate; P is rounded to T for P V).
 //
 // Work tile: kM = 16 * kR * kWarps rows (64 to 256) of one sequence and one
 // KV head, row r = (query token r / G, query head kv_head * G + r % G),
@@ -25,6 +26,7 @@
 // without keys get 0. The block shapes (launch_variant) compute the same
 // function; launch_prefill_attention_mma picks one per step.
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <climits>
 #include <cstdint>
@@ -36,8 +38,6 @@
 namespace osprey::cuda {
 namespace {
 
-using bf16 = __nv_bfloat16;
-
 constexpr float kLog2e = 1.4426950408889634f;
 
 // Block shape: kWarps warps of 16 * kR rows each (kM rows per block), key
@@ -45,29 +45,50 @@ constexpr float kLog2e = 1.4426950408889634f;
 template <int kHd, int kWarps, int kR, int kN>
 struct MmaLayout {
   static constexpr int kM = 16 * kR * kWarps;
-  static constexpr int kP = kHd + 8;  // bf16 pitch of sQ, sK, sV rows (16-byte pad: conflict-free ldmatrix)
+  static constexpr int kP = kHd + 8;  // element pitch of sQ, sK, sV rows (16-byte pad: conflict-free ldmatrix)
   static constexpr size_t q = 0;      // sQ [kM][kP]; reused to stage the output
-  static constexpr size_t k = q + sizeof(bf16) * kM * kP;          // sK [2][kN][kP]
-  static constexpr size_t v = k + 2 * sizeof(bf16) * kN * kP;      // sV [2][kN][kP]
-  static constexpr size_t range = v + 2 * sizeof(bf16) * kN * kP;  // int [kWarps][2]
+  static constexpr size_t k = q + sizeof(uint16_t) * kM * kP;          // sK [2][kN][kP]
+  static constexpr size_t v = k + 2 * sizeof(uint16_t) * kN * kP;      // sV [2][kN][kP]
+  static constexpr size_t range = v + 2 * sizeof(uint16_t) * kN * kP;  // int [kWarps][2]
   static constexpr size_t slot = range + sizeof(int) * kWarps * 2;  // int [2][kN]: KV slot per key, -1 past the range
   static constexpr size_t rows = slot + sizeof(int) * 2 * kN;       // int [2][kM]: each row's key range [lo, hi)
   static constexpr size_t bytes = rows + sizeof(int) * 2 * kM;
 };
 
-// c[16x8] += a[16x16] b[16x8], bf16 operands, fp32 accumulators.
-__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
+// The 16-bit element type T's MMA and packing: c[16x8] += a[16x16] b[16x8]
+// with T operands and fp32 accumulators (m16n8k16, A row-major, B
+// column-major fragments as ldmatrix gives them); pack rounds two floats to
+// T (lo in the low half).
+template <class T>
+struct Mma;
+template <>
+struct Mma<__nv_bfloat16> {
+  static __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  }
+};
+template <>
+struct Mma<__half> {
+  static __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  }
+};
 
 // Key range [lo, hi) of global row grow; empty rows get [INT_MAX, INT_MIN).
 __device__ __forceinline__ void row_range(const PagedAttentionArgs& a, int q_begin, int group, int total_rows,
@@ -84,14 +105,14 @@ __device__ __forceinline__ void row_range(const PagedAttentionArgs& a, int q_beg
   }
 }
 
-
 // kQRegs: Q fragments live in registers for the whole key loop (else they
 // are re-read from shared memory at each k step, to save registers);
 // kMinBlocks: blocks per SM the register allocation must allow.
-template <int kHd, int kWarps, int kR, int kN, bool kQRegs, int kMinBlocks>
+template <class T, int kHd, int kWarps, int kR, int kN, bool kQRegs, int kMinBlocks>
 __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
-    prefill_attention_mma_kernel(PagedAttentionArgs a, int tiles_per_seq) {
+    prefill_attention_mma_kernel(PagedAttentionArgs a, int tiles_per_seq, PrefillOrder order) {
   using L = MmaLayout<kHd, kWarps, kR, kN>;
+  using M = Mma<T>;
   constexpr int kM = L::kM;
   constexpr int kThreads = kWarps * 32;
   constexpr int kP = L::kP;
@@ -100,18 +121,36 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
   constexpr int kST = kN / 8;       // n8 tiles of S
   constexpr bool kQInRegs = kQRegs;
   static_assert(kN * kChunks % kThreads == 0, "K/V tile copy");
+  static_assert(!kQRegs || kR == 1, "Q fragments in registers hold one m16 tile");
   extern __shared__ __align__(128) unsigned char smem[];
-  bf16* sQ = reinterpret_cast<bf16*>(smem + L::q);
-  bf16* sK = reinterpret_cast<bf16*>(smem + L::k);
-  bf16* sV = reinterpret_cast<bf16*>(smem + L::v);
+  T* sQ = reinterpret_cast<T*>(smem + L::q);
+  T* sK = reinterpret_cast<T*>(smem + L::k);
+  T* sV = reinterpret_cast<T*>(smem + L::v);
   int* sRange = reinterpret_cast<int*>(smem + L::range);
   int* sSlot = reinterpret_cast<int*>(smem + L::slot);
   int* sRows = reinterpret_cast<int*>(smem + L::rows);  // lo of row r at [r], hi at [kM + r]
 
-  const int seq = blockIdx.x / tiles_per_seq;
-  // Later row tiles see more keys: start them first.
-  const int tile = tiles_per_seq - 1 - static_cast<int>(blockIdx.x % tiles_per_seq);
-  const int kvh = blockIdx.y;
+  // Later row tiles see more keys (causal): start them first. Blocks are
+  // issued in blockIdx.x order, so the linear block index runs over the row
+  // tiles from the last one down, (sequence, KV head) fastest
+  // (kLongestFirst; every KV head's last tile before any shorter one), or
+  // KV head slowest (kPerHead: each head's tiles long to short in turn).
+  const int b = static_cast<int>(blockIdx.x);
+  int seq, kvh, rank;
+  if (order == PrefillOrder::kLongestFirst) {
+    const int per_rank = a.num_seqs * a.hk;
+    rank = b / per_rank;
+    const int rem = b - rank * per_rank;
+    seq = rem / a.hk;
+    kvh = rem - seq * a.hk;
+  } else {
+    const int per_head = a.num_seqs * tiles_per_seq;
+    kvh = b / per_head;
+    const int rem = b - kvh * per_head;
+    seq = rem / tiles_per_seq;
+    rank = rem - seq * tiles_per_seq;
+  }
+  const int tile = tiles_per_seq - 1 - rank;
   const int group = a.hq / a.hk;
   const int q_begin = a.q_indptr[seq];
   const int total_rows = (a.q_indptr[seq + 1] - q_begin) * group;
@@ -121,17 +160,17 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
   const int tid = threadIdx.x;
   const int warp = tid >> 5;
   const int lane = tid & 31;
-  const int g = lane >> 2;  // accumulator row within the 8-row half
-  const int t4 = lane & 3;  // accumulator column pair
+  const int g = lane >> 2;          // accumulator row within the 8-row half
+  const int t4 = lane & 3;          // accumulator column pair
   const int wrow = warp * 16 * kR;  // first row of this warp within the block
 
   // q -> sQ (zeros past the sequence's rows).
-  const bf16* q = static_cast<const bf16*>(a.q);
+  const T* q = static_cast<const T*>(a.q);
   for (int i = tid; i < kM * kChunks; i += kThreads) {
     const int r = i / kChunks;
     const int c = i - r * kChunks;
     const int grow = row0 + r;
-    const bf16* src = q;
+    const T* src = q;
     int bytes = 0;
     if (grow < total_rows) {
       const int token = q_begin + grow / group;
@@ -207,8 +246,8 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
   const float scale2 = a.scale * kLog2e;
 
   const int32_t* pages = a.block_indices + a.block_indptr[seq];
-  const bf16* kc = static_cast<const bf16*>(a.k_cache);
-  const bf16* vc = static_cast<const bf16*>(a.v_cache);
+  const T* kc = static_cast<const T*>(a.k_cache);
+  const T* vc = static_cast<const T*>(a.v_cache);
   const int bs = a.block_size;
   const bool bs_pow2 = (bs & (bs - 1)) == 0;  // the usual case: shift and mask instead of a division
   const int bs_shift = __ffs(bs) - 1;
@@ -225,16 +264,16 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
   // Gathers keys [kb, kb + kN) (slots in sSlot[buf]) into ring slot buf;
   // keys past the range are zeros.
   auto load_tile = [&](int buf) {
-    bf16* dk = sK + buf * kN * kP;
-    bf16* dv = sV + buf * kN * kP;
+    T* dk = sK + buf * kN * kP;
+    T* dv = sV + buf * kN * kP;
 #pragma unroll
     for (int n = 0; n < kN * kChunks / kThreads; ++n) {
       const int i = tid + n * kThreads;
       const int j = i / kChunks;
       const int c = i - j * kChunks;
       const int slot = sSlot[buf * kN + j];
-      const bf16* srck = kc;
-      const bf16* srcv = vc;
+      const T* srck = kc;
+      const T* srcv = vc;
       int bytes = 0;
       if (slot >= 0) {
         const int64_t off = static_cast<int64_t>(slot) * slot_stride + head_off + c * 8;
@@ -276,8 +315,8 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
       store_next_slot();
       continue;
     }
-    const bf16* tk = sK + buf * kN * kP;
-    const bf16* tv = sV + buf * kN * kP;
+    const T* tk = sK + buf * kN * kP;
+    const T* tv = sV + buf * kN * kP;
 
     // S[16 kR, kN] = Q K^T.
     float s[kR][kST][4];
@@ -303,14 +342,14 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
         ldmatrix_x4(b, tk + (np * 16 + (lane & 7) + (lane >> 4) * 8) * kP + kk * 16 + ((lane >> 3) & 1) * 8);
 #pragma unroll
         for (int r = 0; r < kR; ++r) {
-          mma_bf16(s[r][2 * np], qa[r], b[0], b[1]);
-          mma_bf16(s[r][2 * np + 1], qa[r], b[2], b[3]);
+          M::mma(s[r][2 * np], qa[r], b[0], b[1]);
+          M::mma(s[r][2 * np + 1], qa[r], b[2], b[3]);
         }
       }
     }
 
     // Mask, online softmax (log2 domain, scale folded into the exponent's
-    // FMA); P (bf16) packed as the A operand of P V.
+    // FMA); P (rounded to T) packed as the A operand of P V.
     const bool full = kb >= wmaxlo && kb + kN <= wminhi;
     uint32_t pa[kR][kN / 16][4];
 #pragma unroll
@@ -374,10 +413,10 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
       }
 #pragma unroll
       for (int kk = 0; kk < kN / 16; ++kk) {
-        pa[r][kk][0] = pack_bf16(s[r][2 * kk][0], s[r][2 * kk][1]);
-        pa[r][kk][1] = pack_bf16(s[r][2 * kk][2], s[r][2 * kk][3]);
-        pa[r][kk][2] = pack_bf16(s[r][2 * kk + 1][0], s[r][2 * kk + 1][1]);
-        pa[r][kk][3] = pack_bf16(s[r][2 * kk + 1][2], s[r][2 * kk + 1][3]);
+        pa[r][kk][0] = M::pack(s[r][2 * kk][0], s[r][2 * kk][1]);
+        pa[r][kk][1] = M::pack(s[r][2 * kk][2], s[r][2 * kk][3]);
+        pa[r][kk][2] = M::pack(s[r][2 * kk + 1][0], s[r][2 * kk + 1][1]);
+        pa[r][kk][3] = M::pack(s[r][2 * kk + 1][2], s[r][2 * kk + 1][3]);
       }
     }
 
@@ -390,8 +429,8 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
         ldmatrix_x4_trans(b, tv + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kP + dp * 16 + (lane >> 4) * 8);
 #pragma unroll
         for (int r = 0; r < kR; ++r) {
-          mma_bf16(o[r][2 * dp], pa[r][kk], b[0], b[1]);
-          mma_bf16(o[r][2 * dp + 1], pa[r][kk], b[2], b[3]);
+          M::mma(o[r][2 * dp], pa[r][kk], b[0], b[1]);
+          M::mma(o[r][2 * dp + 1], pa[r][kk], b[2], b[3]);
         }
       }
     }
@@ -399,7 +438,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
   }
 
   // out = O / l, staged through the warp's own rows of sQ for 16-byte stores.
-  bf16* stage = sQ + wrow * kP;  // only this warp ever read these rows
+  T* stage = sQ + wrow * kP;  // only this warp ever read these rows
 #pragma unroll
   for (int r = 0; r < kR; ++r) {
     float inv[2];
@@ -413,13 +452,13 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
 #pragma unroll
     for (int i = 0; i < kDT; ++i) {
       *reinterpret_cast<uint32_t*>(stage + (16 * r + g) * kP + i * 8 + t4 * 2) =
-          pack_bf16(o[r][i][0] * inv[0], o[r][i][1] * inv[0]);
+          M::pack(o[r][i][0] * inv[0], o[r][i][1] * inv[0]);
       *reinterpret_cast<uint32_t*>(stage + (16 * r + g + 8) * kP + i * 8 + t4 * 2) =
-          pack_bf16(o[r][i][2] * inv[1], o[r][i][3] * inv[1]);
+          M::pack(o[r][i][2] * inv[1], o[r][i][3] * inv[1]);
     }
   }
   __syncwarp();
-  bf16* out = static_cast<bf16*>(a.out);
+  T* out = static_cast<T*>(a.out);
   for (int i = lane; i < 16 * kR * kChunks; i += 32) {
     const int r = i / kChunks;
     const int c = i - r * kChunks;
@@ -432,62 +471,82 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
   }
 }
 
-template <int kHd, int kWarps, int kR, int kN, bool kQRegs, int kMinBlocks>
-void launch_mma_typed(const PagedAttentionArgs& a, cudaStream_t stream) {
+template <class T, int kHd, int kWarps, int kR, int kN, bool kQRegs, int kMinBlocks>
+void launch_mma_typed(const PagedAttentionArgs& a, cudaStream_t stream, PrefillOrder order) {
   using L = MmaLayout<kHd, kWarps, kR, kN>;
   const int group = a.hq / a.hk;
   const int tiles = static_cast<int>((int64_t{a.max_q_len} * group + L::kM - 1) / L::kM);
-  const int64_t blocks_x = static_cast<int64_t>(a.num_seqs) * tiles;
-  OSP_CHECK_LE(blocks_x, int64_t{2147483647});
-  auto kernel = prefill_attention_mma_kernel<kHd, kWarps, kR, kN, kQRegs, kMinBlocks>;
-  OSP_CUDA_CHECK(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(L::bytes)));
-  const dim3 grid(static_cast<unsigned>(blocks_x), static_cast<unsigned>(a.hk));
-  kernel<<<grid, kWarps * 32, L::bytes, stream>>>(a, tiles);
+  const int64_t blocks = static_cast<int64_t>(a.num_seqs) * tiles * a.hk;
+  OSP_CHECK_LE(blocks, int64_t{2147483647});
+  auto kernel = prefill_attention_mma_kernel<T, kHd, kWarps, kR, kN, kQRegs, kMinBlocks>;
+  OSP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(L::bytes)));
+  kernel<<<static_cast<unsigned>(blocks), kWarps * 32, L::bytes, stream>>>(a, tiles, order);
   OSP_CUDA_CHECK_LAUNCH();
 }
 
-template <int kHd>
-void launch_variant(const PagedAttentionArgs& a, cudaStream_t stream, int variant) {
+template <class T, int kHd>
+void launch_variant(const PagedAttentionArgs& a, cudaStream_t stream, int variant, PrefillOrder order) {
   switch (variant) {
-    case 1: return launch_mma_typed<kHd, 4, 1, 64, true, 2>(a, stream);
-    case 2: return launch_mma_typed<kHd, 8, 1, 64, true, 1>(a, stream);
-    case 3: return launch_mma_typed<kHd, 4, 2, 32, false, 1>(a, stream);
-    case 4: return launch_mma_typed<kHd, 4, 2, 64, false, 1>(a, stream);
-    case 5: return launch_mma_typed<kHd, 8, 2, 32, false, 1>(a, stream);
-    case 7: return launch_mma_typed<kHd, 8, 1, 128, true, 1>(a, stream);
-    case 8: return launch_mma_typed<kHd, 12, 1, 48, false, 1>(a, stream);
-    case 9: return launch_mma_typed<kHd, 4, 2, 48, false, 1>(a, stream);
-    default: return launch_mma_typed<kHd, 4, 1, 32, false, 3>(a, stream);
+    case 1:
+      return launch_mma_typed<T, kHd, 4, 1, 64, true, 2>(a, stream, order);
+    case 2:
+      return launch_mma_typed<T, kHd, 8, 1, 64, true, 1>(a, stream, order);
+    case 3:
+      return launch_mma_typed<T, kHd, 4, 2, 32, false, 1>(a, stream, order);
+    case 4:
+      return launch_mma_typed<T, kHd, 4, 2, 64, false, 1>(a, stream, order);
+    case 5:
+      return launch_mma_typed<T, kHd, 8, 2, 32, false, 1>(a, stream, order);
+    case 7:
+      return launch_mma_typed<T, kHd, 8, 1, 128, true, 1>(a, stream, order);
+    case 8:
+      return launch_mma_typed<T, kHd, 12, 1, 48, false, 1>(a, stream, order);
+    case 9:
+      return launch_mma_typed<T, kHd, 4, 2, 48, false, 1>(a, stream, order);
+    case 10:  // 48 keys x 16 chunks of hd 128 split evenly over 256 threads; 64 keys at hd 64
+      return launch_mma_typed < T, kHd, 8, 2, kHd == 128 ? 48 : 64, false, 1 > (a, stream, order);
+    default:
+      return launch_mma_typed<T, kHd, 4, 1, 32, false, 3>(a, stream, order);
   }
 }
 
 }  // namespace
 
-void launch_prefill_attention_mma(const PagedAttentionArgs& a, cudaStream_t stream, int variant) {
+void launch_prefill_attention_mma(const PagedAttentionArgs& a, cudaStream_t stream, int variant, PrefillOrder order) {
   OSP_CHECK(a.hd == 64 || a.hd == 128);
+  OSP_CHECK((a.act == DType::kBF16 || a.act == DType::kF16) && a.kv_dtype == a.act);
   OSP_CHECK(variant >= 0 && variant < kNumPrefillMmaVariants);
   if (variant == 0) {
-    // Measured on an H200 (2026-11-26, every shape in one run; causal,
-    // hq 32 / hk 8): 64-row blocks for short prompts; 128-row blocks of 8
-    // warps x 16 rows with 128-key tiles while that gives few waves (1 x 2k
-    // and 1 x 4k tokens, hd 128 and 64: 196 / 269 / 222 TFLOP/s, within 2%
-    // of the best shape); 4 warps x 32 rows once there are many (1 x 8k and
-    // 4 x 2k, hd 128: 48-key tiles, 311 / 246 TFLOP/s; hd 64 keeps 64 keys).
+    // 64-row blocks for short prompts; 128-row blocks of 8 warps x 16 rows
+    // with 128-key tiles while that gives few waves; 4 warps x 32 rows
+    // (48-key tiles at hd 128, 64 at hd 64) once there are more. Measured
+    // on an H100 (2026-11-26, every shape in one run; causal, hq 32 / hk 8,
+    // longest-first order), TFLOP/s 8 x 16 rows against 4 x 32: hd 128,
+    // 1 x 1k tokens (256 wide blocks) 164 against 134; 512 tokens after
+    // 3584 (128) 244 against 183; 1 x 2k (512) 221 against 251; 1 x 4k
+    // (1024) 261 against 290; 1 x 8k, 4 x 2k 4 x 32 by 10-14%; hd 64, 1 x 4k
+    // (1024) 223 against 246. The longest-first order took away the tail
+    // that had favoured 8 x 16 up to 2048 wide blocks (H200, per-head order).
     const int64_t rows = int64_t{a.max_q_len} * (a.hq / a.hk);
     const int64_t wide_blocks = int64_t{a.num_seqs} * ((rows + 127) / 128) * a.hk;
     if (rows < kRowsForWideTiles) {
       variant = 1;
-    } else if (wide_blocks < kBlocksForTallWarps) {
+    } else if (wide_blocks < (a.hd == 64 ? kBlocksForTallWarpsHd64 : kBlocksForTallWarps)) {
       variant = 7;
     } else {
       variant = a.hd == 64 ? 4 : 9;
     }
   }
-  if (a.hd == 64) {
-    launch_variant<64>(a, stream, variant);
+  if (a.act == DType::kF16) {
+    if (a.hd == 64) {
+      launch_variant<__half, 64>(a, stream, variant, order);
+    } else {
+      launch_variant<__half, 128>(a, stream, variant, order);
+    }
+  } else if (a.hd == 64) {
+    launch_variant<__nv_bfloat16, 64>(a, stream, variant, order);
   } else {
-    launch_variant<128>(a, stream, variant);
+    launch_variant<__nv_bfloat16, 128>(a, stream, variant, order);
   }
 }
 
