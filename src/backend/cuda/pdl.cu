@@ -30,9 +30,15 @@ __global__ void pdl_probe_kernel() {}
 bool pdl_enabled() {
   // 0: not looked up yet, 1: no, 2: yes (per device ordinal).
   static std::atomic<signed char> state[kMaxDevices] = {};
+  // With one visible device (the usual case) the answer needs no runtime
+  // call after the first: every launch asks, so skip cudaGetDevice there.
+  static const bool single_device = [] {
+    int n = 0;
+    return cudaGetDeviceCount(&n) == cudaSuccess && n == 1;
+  }();
   if (env_disables_pdl()) return false;
   int dev = 0;
-  OSP_CUDA_CHECK(cudaGetDevice(&dev));
+  if (!single_device) OSP_CUDA_CHECK(cudaGetDevice(&dev));
   if (dev < 0 || dev >= kMaxDevices) return false;
   signed char s = state[dev].load(std::memory_order_relaxed);
   if (s == 0) {

@@ -5,9 +5,11 @@
 // of the prefill (CUDA events around every backend call). A benchmark: it
 // prints figures and asserts nothing. Built as model_bench next to gpu_tests.
 //
-// Usage: model_bench [config name, default llama-3-8b] [dtype, default bfloat16] [--decode-only]
+// Usage: model_bench [config name, default llama-3-8b] [dtype, default bfloat16] [--decode-only] [--ctx N]...
 // --decode-only skips the TTFT and prefill breakdown (A/B runs of decode
-// switches such as OSPREY_CUDA_NO_PDL=1, which the header line echoes).
+// switches such as OSPREY_CUDA_NO_PDL=1, which the header line echoes);
+// --ctx N (repeatable, 1..8192) replaces the decode contexts 512, 2048,
+// 4096, 8192 (the per-op breakdown is printed at 2048 only).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -216,10 +218,18 @@ const char* env_or(const char* name, const char* dflt) {
 int main(int argc, char** argv) {
   std::vector<std::string> pos;
   bool decode_only = false;
+  std::vector<int> contexts;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--decode-only") {
       decode_only = true;
+    } else if (a == "--ctx" && i + 1 < argc) {
+      const int n = std::atoi(argv[++i]);
+      if (n < 1 || n > 8192) {
+        std::fprintf(stderr, "--ctx: 1..8192\n");
+        return 2;
+      }
+      contexts.push_back(n);
     } else {
       pos.push_back(a);
     }
@@ -231,7 +241,10 @@ int main(int argc, char** argv) {
   auto* impl = dynamic_cast<cuda::CudaBackend*>(cuda_be.get());
   ProfilingBackend be(*cuda_be, impl->stream());
   std::printf("device: %s\n", be.name());
-  std::printf("env: OSPREY_CUDA_NO_PDL=%s\n", env_or("OSPREY_CUDA_NO_PDL", "(unset)"));
+  std::printf(
+      "env: OSPREY_CUDA_NO_PDL=%s OSPREY_DECODE_ATTENTION=%s\n", env_or("OSPREY_CUDA_NO_PDL", "(unset)"),
+      env_or("OSPREY_DECODE_ATTENTION", "(unset)"));
+  if (contexts.empty()) contexts = {512, 2048, 4096, 8192};
 
   // Copy bandwidth ceiling: 2 GiB device to device, read + write counted.
   double copy_gbs = 0;
@@ -302,7 +315,7 @@ int main(int argc, char** argv) {
                              static_cast<double>(dtype_row_bytes(model.activation_dtype(), 1));
   std::printf("\nbatch-1 decode (bytes/step = weights without the embedding table + KV read):\n");
   std::printf("  %8s %10s %8s %10s %7s\n", "context", "ms/step", "tok/s", "GB/step", "MBU");
-  for (int ctx : {512, 2048, 4096, 8192}) {
+  for (int ctx : contexts) {
     Step s = make_step(be, 1, ctx, bs, c.vocab_size);
     std::vector<double> t;
     for (int r = 0; r < 60; ++r) {
