@@ -83,32 +83,42 @@ __global__ void silu_mul_kernel(const T* __restrict__ gate_up, int64_t n, int64_
   }
 }
 
-// One block per output row; copies 4-byte words when row_bytes allows.
-template <class Word>
-__global__ void gather_rows_kernel(const Word* __restrict__ x, int64_t row_words, int64_t num_x_rows,
-                                   const int32_t* __restrict__ rows, Word* __restrict__ out) {
+// One block per output row r (grid: num_rows, however many rows are
+// filled), copying x row rows[r] in 4-byte words when row_bytes allows.
+// A row index outside [0, num_x_rows) zeroes the output row (gather_rows,
+// kZeroMissing) or leaves it unwritten (fill_rows_from).
+template <class Word, bool kZeroMissing>
+__global__ void copy_rows_kernel(const Word* __restrict__ x, int64_t row_words, int64_t num_x_rows,
+                                 const int32_t* __restrict__ rows, Word* __restrict__ out) {
   const int64_t r = blockIdx.x;
   const int32_t src = rows[r];
   Word* o = out + r * row_words;
   if (src < 0 || src >= num_x_rows) {
-    for (int64_t i = threadIdx.x; i < row_words; i += blockDim.x) o[i] = Word{};
+    if constexpr (kZeroMissing) {
+      for (int64_t i = threadIdx.x; i < row_words; i += blockDim.x) o[i] = Word{};
+    }
     return;
   }
   const Word* s = x + static_cast<int64_t>(src) * row_words;
   for (int64_t i = threadIdx.x; i < row_words; i += blockDim.x) o[i] = s[i];
 }
 
-// One block per row of out (grid: num_rows, whatever the number filled);
-// a row whose index is outside [0, num_x_rows) is not written.
-template <class Word>
-__global__ void fill_rows_from_kernel(const Word* __restrict__ x, int64_t row_words, int64_t num_x_rows,
-                                      const int32_t* __restrict__ src_rows, Word* __restrict__ out) {
-  const int64_t r = blockIdx.x;
-  const int32_t src = src_rows[r];
-  if (src < 0 || src >= num_x_rows) return;
-  const Word* s = x + static_cast<int64_t>(src) * row_words;
-  Word* o = out + r * row_words;
-  for (int64_t i = threadIdx.x; i < row_words; i += blockDim.x) o[i] = s[i];
+template <bool kZeroMissing>
+void launch_copy_rows(const void* x, int64_t row_bytes, int64_t num_x_rows, const int32_t* rows, int num_rows,
+                      void* out, cudaStream_t stream) {
+  if (num_rows == 0 || row_bytes == 0) return;
+  const bool words =
+      row_bytes % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 4 == 0 && reinterpret_cast<uintptr_t>(out) % 4 == 0;
+  const int64_t row_words = words ? row_bytes / 4 : row_bytes;
+  const int threads = static_cast<int>(std::min<int64_t>(kThreads, ceil_div(row_words, 32) * 32));
+  if (words) {
+    copy_rows_kernel<uint32_t, kZeroMissing><<<num_rows, threads, 0, stream>>>(
+        static_cast<const uint32_t*>(x), row_words, num_x_rows, rows, static_cast<uint32_t*>(out));
+  } else {
+    copy_rows_kernel<uint8_t, kZeroMissing><<<num_rows, threads, 0, stream>>>(
+        static_cast<const uint8_t*>(x), row_words, num_x_rows, rows, static_cast<uint8_t*>(out));
+  }
+  OSP_CUDA_CHECK_LAUNCH();
 }
 
 template <class T>
@@ -179,36 +189,12 @@ void launch_silu_mul(DType act, const void* gate_up, int64_t n, int64_t f, void*
 
 void launch_gather_rows(const void* x, int64_t row_bytes, int64_t num_x_rows, const int32_t* rows, int num_rows,
                         void* out, cudaStream_t stream) {
-  if (num_rows == 0 || row_bytes == 0) return;
-  const bool words =
-      row_bytes % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 4 == 0 && reinterpret_cast<uintptr_t>(out) % 4 == 0;
-  const int64_t row_words = words ? row_bytes / 4 : row_bytes;
-  const int threads = static_cast<int>(std::min<int64_t>(kThreads, ceil_div(row_words, 32) * 32));
-  if (words) {
-    gather_rows_kernel<uint32_t><<<num_rows, threads, 0, stream>>>(static_cast<const uint32_t*>(x), row_words,
-                                                                   num_x_rows, rows, static_cast<uint32_t*>(out));
-  } else {
-    gather_rows_kernel<uint8_t><<<num_rows, threads, 0, stream>>>(static_cast<const uint8_t*>(x), row_words, num_x_rows,
-                                                                  rows, static_cast<uint8_t*>(out));
-  }
-  OSP_CUDA_CHECK_LAUNCH();
+  launch_copy_rows<true>(x, row_bytes, num_x_rows, rows, num_rows, out, stream);
 }
 
 void launch_fill_rows_from(const void* x, int64_t row_bytes, int64_t num_x_rows, const int32_t* src_rows,
                            int num_rows, void* out, cudaStream_t stream) {
-  if (num_rows == 0 || row_bytes == 0) return;
-  const bool words =
-      row_bytes % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 4 == 0 && reinterpret_cast<uintptr_t>(out) % 4 == 0;
-  const int64_t row_words = words ? row_bytes / 4 : row_bytes;
-  const int threads = static_cast<int>(std::min<int64_t>(kThreads, ceil_div(row_words, 32) * 32));
-  if (words) {
-    fill_rows_from_kernel<uint32_t><<<num_rows, threads, 0, stream>>>(
-        static_cast<const uint32_t*>(x), row_words, num_x_rows, src_rows, static_cast<uint32_t*>(out));
-  } else {
-    fill_rows_from_kernel<uint8_t><<<num_rows, threads, 0, stream>>>(
-        static_cast<const uint8_t*>(x), row_words, num_x_rows, src_rows, static_cast<uint8_t*>(out));
-  }
-  OSP_CUDA_CHECK_LAUNCH();
+  launch_copy_rows<false>(x, row_bytes, num_x_rows, src_rows, num_rows, out, stream);
 }
 
 void launch_fill_rows(const float* bias, int64_t n, int64_t m, DType out_dtype, void* out, int64_t ldo,
