@@ -6,10 +6,14 @@
 // prints figures and asserts nothing. Built as model_bench next to gpu_tests.
 //
 // Usage: model_bench [config name, default llama-3-8b] [dtype, default bfloat16] [--decode-only] [--ctx N]...
+//        [--ttft-reps N]
 // --decode-only skips the TTFT and prefill breakdown (A/B runs of decode
 // switches such as OSPREY_CUDA_NO_PDL=1, which the header line echoes);
 // --ctx N (repeatable, 1..8192) replaces the decode contexts 512, 2048,
-// 4096, 8192 (the per-op breakdown is printed at 2048 only).
+// 4096, 8192 (the per-op breakdown is printed at 2048 only). --ttft-reps N
+// (default 5, after 2 warm-up runs) times N back-to-back prefills; above 5
+// it also prints the series and the median of the last 5 (the SM clock
+// ramps and dips under the power cap in the first ~1 s of load).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -219,10 +223,17 @@ int main(int argc, char** argv) {
   std::vector<std::string> pos;
   bool decode_only = false;
   std::vector<int> contexts;
+  int ttft_reps = 5;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--decode-only") {
       decode_only = true;
+    } else if (a == "--ttft-reps" && i + 1 < argc) {
+      ttft_reps = std::atoi(argv[++i]);
+      if (ttft_reps < 1 || ttft_reps > 1000) {
+        std::fprintf(stderr, "--ttft-reps: 1..1000\n");
+        return 2;
+      }
     } else if (a == "--ctx" && i + 1 < argc) {
       const int n = std::atoi(argv[++i]);
       if (n < 1 || n > 8192) {
@@ -291,15 +302,22 @@ int main(int argc, char** argv) {
   if (!decode_only) {
     Step s = make_step(be, prompt, prompt, bs, c.vocab_size);
     std::vector<double> t;
-    for (int r = 0; r < 7; ++r) {
+    for (int r = 0; r < ttft_reps + 2; ++r) {
       be.synchronize();
       const auto t0 = std::chrono::steady_clock::now();
       model.forward(s.fb, kv);
       be.synchronize();
       if (r >= 2) t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     }
-    const double ms = median(t);
     const double flops = 2.0 * static_cast<double>(c.num_parameters()) * prompt;
+    if (ttft_reps > 5) {  // the whole series: the SM clock may still be ramping in the first runs
+      std::printf("\nTTFT series (ms):");
+      for (double v : t) std::printf(" %.2f", v);
+      std::printf("\n");
+      const std::vector<double> tail(t.end() - 5, t.end());
+      std::printf("TTFT, last 5 runs: %.2f ms (median)\n", median(tail));
+    }
+    const double ms = median(t);
     std::printf("\nTTFT, one %d-token prompt: %.2f ms (%.0f TFLOP/s on 2 x params x tokens)\n", prompt, ms,
                 flops / (ms * 1e-3) / 1e12);
     be.on = true;
