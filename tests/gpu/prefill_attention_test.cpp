@@ -278,11 +278,11 @@ TEST_F(PrefillAttention, EveryBlockShapeMatchesFloat64F16) {
   every_block_shape_matches_float64(gpu(), DType::kF16);
 }
 
-// F16 at prompt lengths where the automatic choice takes the wide block
-// shapes: long prompts (1000-4096 tokens), a chunk after 2100 earlier
-// tokens, a decode-like row after 3000, GQA 1/4/8, head_dim 64/128,
-// windows; through the op and every block shape.
-TEST_F(PrefillAttention, LongPromptsAndChunksF16) {
+// Prompt lengths where the automatic choice takes the wide block shapes:
+// long prompts (1000-4096 tokens), a chunk after 2100 earlier tokens, a
+// decode-like row after 3000, GQA 1/4/8, head_dim 64/128, windows; through
+// the op, the wmma kernel and every block shape.
+void long_prompts_and_chunks_match_float64(ops::Backend& gpu, DType dt) {
   const std::vector<Seq> mixed = {{1000, 2100}, {1500, 0}, {1, 3000}, {77, 5}};
   struct Case {
     Heads h;
@@ -295,18 +295,23 @@ TEST_F(PrefillAttention, LongPromptsAndChunksF16) {
       {{8, 1, 128, 0}, mixed, 32},         // G = 8 (MQA)
       {{8, 2, 128, 513}, mixed, 16},       // window
       {{4, 1, 64, 100}, {{4096, 0}}, 16},  // one 4096-token prompt, small window
+      {{8, 2, 128, 0}, {{4096, 0}}, 16},   // one 4096-token prompt
       {{32, 8, 128, 0}, {{4096, 0}}, 16},  // one 4096-token prompt, Llama-3-8B heads
   };
   uint32_t seed = 200;
   for (const auto& c : cases) {
-    Problem pb(gpu(), c.h, c.seqs, c.bs, seed += 3, 0.0f, DType::kF16);
+    Problem pb(gpu, c.h, c.seqs, c.bs, seed += 3, 0.0f, dt);
     for (int variant = -2; variant < cuda::kNumPrefillMmaVariants; ++variant) {
       pb.poison();
-      pb.run(gpu(), variant);
-      pb.check(gpu(), 97, tag(c.h, c.bs, variant));
+      pb.run(gpu, variant);
+      pb.check(gpu, 97, tag(c.h, c.bs, variant));
     }
   }
 }
+
+TEST_F(PrefillAttention, LongPromptsAndChunks) { long_prompts_and_chunks_match_float64(gpu(), DType::kBF16); }
+
+TEST_F(PrefillAttention, LongPromptsAndChunksF16) { long_prompts_and_chunks_match_float64(gpu(), DType::kF16); }
 
 // The same launch twice gives the same bits (a race would show as a moving
 // result), for every block shape.
@@ -457,7 +462,8 @@ TEST_F(PrefillAttention, DISABLED_PrefillAttentionBench) {
                                    {{{2048, 0}}, "2048"},
                                    {{{4096, 0}}, "4096"},
                                    {{{8192, 0}}, "8192"},
-                                   {{{2048, 0}, {2048, 0}, {2048, 0}, {2048, 0}}, "4x2048"}};
+                                   {{{2048, 0}, {2048, 0}, {2048, 0}, {2048, 0}}, "4x2048"},
+                                   {{{512, 3584}}, "512@3584"}};
   for (const auto& c : cases) {
     for (DType dt : {DType::kBF16, DType::kF16}) {
       Problem pb(gpu(), {32, 8, 128, 0}, c.seqs, 16, 3, 0.0f, dt);
