@@ -79,27 +79,8 @@ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
   return __float2bfloat16_rn(v);
 }
 
-// Runs `body` with `T` bound to the C++ type of activation dtype `dt`
-// (F32 -> float, BF16 -> __nv_bfloat16, F16 -> __half); other dtypes abort.
-// Every kernel instantiated through it must be right for all three: use
-// to_float / from_float / load8_act<T>, never bf16 bit tricks on a T.
-#define OSP_DISPATCH_ACT(dt, T, ...)                                                       \
-  do {                                                                                     \
-    if ((dt) == ::osprey::DType::kF32) {                                                   \
-      using T = float;                                                                     \
-      __VA_ARGS__;                                                                         \
-    } else if ((dt) == ::osprey::DType::kBF16) {                                           \
-      using T = __nv_bfloat16;                                                             \
-      __VA_ARGS__;                                                                         \
-    } else if ((dt) == ::osprey::DType::kF16) {                                            \
-      using T = __half;                                                                    \
-      __VA_ARGS__;                                                                         \
-    } else {                                                                               \
-      OSP_CHECK_MSG(false, "unsupported activation dtype " << ::osprey::dtype_name(dt));   \
-    }                                                                                      \
-  } while (0)
-
-// Same for the 16-bit activation dtypes only (BF16, F16): the vectorised
+// Runs `body` with `T` bound to the C++ type of 16-bit dtype `dt` (BF16 ->
+// __nv_bfloat16, F16 -> __half); other dtypes abort. For the vectorised
 // kernels that move 8 values per 16-byte access.
 #define OSP_DISPATCH_16(dt, T, ...)                                                        \
   do {                                                                                     \
@@ -110,26 +91,26 @@ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
       using T = __half;                                                                    \
       __VA_ARGS__;                                                                         \
     } else {                                                                               \
-      OSP_CHECK_MSG(false, "not a 16-bit activation dtype: " << ::osprey::dtype_name(dt)); \
+      OSP_CHECK_MSG(false, "unsupported dtype " << ::osprey::dtype_name(dt)                \
+                                                << " (F32, F16 or BF16 where allowed)");   \
     }                                                                                      \
   } while (0)
 
-// Same for the float storage dtypes F32, F16, BF16 (KV pages, conversions).
-#define OSP_DISPATCH_FLOAT(dt, T, ...)                                                     \
+// Same for the activation dtypes F32, BF16 and F16 (F32 -> float). Every
+// kernel instantiated through it must be right for all three: use to_float /
+// from_float / load8_act<T>, never bf16 bit tricks on a T.
+#define OSP_DISPATCH_ACT(dt, T, ...)                                                       \
   do {                                                                                     \
     if ((dt) == ::osprey::DType::kF32) {                                                   \
       using T = float;                                                                     \
       __VA_ARGS__;                                                                         \
-    } else if ((dt) == ::osprey::DType::kF16) {                                            \
-      using T = __half;                                                                    \
-      __VA_ARGS__;                                                                         \
-    } else if ((dt) == ::osprey::DType::kBF16) {                                           \
-      using T = __nv_bfloat16;                                                             \
-      __VA_ARGS__;                                                                         \
     } else {                                                                               \
-      OSP_CHECK_MSG(false, "unsupported float dtype " << ::osprey::dtype_name(dt));        \
+      OSP_DISPATCH_16(dt, T, __VA_ARGS__);                                                 \
     }                                                                                      \
   } while (0)
+
+// The float storage dtypes (KV pages, conversions) are the same three.
+#define OSP_DISPATCH_FLOAT(dt, T, ...) OSP_DISPATCH_ACT(dt, T, __VA_ARGS__)
 
 // Runs `body` with `constexpr DType W` bound to weight dtype `dt` (F32, F16,
 // BF16, Q8_0, Q4_0, Q4_1: the dtypes of dequant.cuh); other dtypes abort with
