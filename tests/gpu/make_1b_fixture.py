@@ -53,7 +53,11 @@ from pathlib import Path
 
 import torch
 import transformers
-from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache, LlamaConfig
+import sys
+from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
+from make_fixtures import greedy_with_cache, r7  # noqa: E402  (the same greedy loop as the CPU fixtures)
 
 N_GREEDY = 32
 PROMPT_LENGTHS = (1, 7, 40, 300)
@@ -128,32 +132,9 @@ def make_prompts(vocab: int, lengths: list[int]) -> list[list[int]]:
     return [torch.randint(4, hi, (n,), generator=gen).tolist() for n in lengths]
 
 
-def r7(x: float) -> float:
-    return float(f"{x:.7g}")
-
-
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
-
-
-@torch.no_grad()
-def greedy_with_cache(model, ids: list[int], n: int, device: torch.device):
-    cache = DynamicCache(config=model.config)
-    out = model(torch.tensor([ids], device=device), past_key_values=cache, use_cache=True)
-    logits = out.logits[0, -1].float()
-    tokens, margins, max_abs = [], [], 0.0
-    for step in range(n):
-        top2 = torch.topk(logits, 2)
-        tok = int(top2.indices[0])
-        tokens.append(tok)
-        margins.append(r7(float(top2.values[0] - top2.values[1])))
-        max_abs = max(max_abs, float(logits.abs().max()))
-        if step + 1 == n:
-            break
-        out = model(torch.tensor([[tok]], device=device), past_key_values=out.past_key_values, use_cache=True)
-        logits = out.logits[0, -1].float()
-    return tokens, margins, max_abs
 
 
 @torch.no_grad()
