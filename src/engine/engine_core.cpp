@@ -145,12 +145,6 @@ void EngineCore::fill_stop_ids(const SamplingParams& p) {
   stop_ids_scratch_.insert(stop_ids_scratch_.end(), p.stop_token_ids.begin(), p.stop_token_ids.end());
 }
 
-namespace {
-// Penalties list the output tokens in the device rows: they need every
-// earlier token on the host.
-bool needs_known_output(const SamplingParams& p) { return uses_penalties(p); }
-}  // namespace
-
 void EngineCore::plan_device_sampling(InflightStep& rec) {
   // Rows the device samples: every sampled token whose parameters it
   // handles, within its limits; everything else (prompt logprobs, the rest)
@@ -174,9 +168,10 @@ void EngineCore::plan_device_sampling(InflightStep& rec) {
       continue;
     }
     // A pending token is never in the output a device row lists (no step
-    // with penalties is overlapped).
-    OSP_CHECK(seq.num_pending == 0 || !needs_known_output(p));
-    if (needs_known_output(p)) seq.penalties.sync(p, seq.tokens, seq.num_prompt_tokens);
+    // with penalties is overlapped: penalties need every earlier token on
+    // the host).
+    OSP_CHECK(seq.num_pending == 0 || !uses_penalties(p));
+    if (uses_penalties(p)) seq.penalties.sync(p, seq.tokens, seq.num_prompt_tokens);
     fill_stop_ids(p);
     const size_t edit_mark = batch_.sample_edits.ids.size();
     const int scratch_mark = scratch_rows;
@@ -230,7 +225,7 @@ void EngineCore::sample_into(Sequence& seq, int index, const float* row, const D
     in.prompt = std::span<const int32_t>(seq.tokens.data(), seq.num_prompt_tokens);
     in.output = std::span<const int32_t>(seq.tokens.data() + seq.num_prompt_tokens, index - seq.num_prompt_tokens);
     in.stop_ids = stop_ids_scratch_;
-    if (needs_known_output(p)) {
+    if (uses_penalties(p)) {
       seq.penalties.sync(p, std::span<const int32_t>(seq.tokens.data(), static_cast<size_t>(index)),
                          seq.num_prompt_tokens);
       in.penalties = &seq.penalties;
@@ -354,7 +349,7 @@ Status EngineCore::launch_next(std::vector<SeqEvent>& events, bool& launched) {
     seq.pending_sample_row = rec.sample_task[si];
     // Known now to finish with this step (or to fork): not scheduled again before it is waited for.
     seq.hold = fork || seq.num_output() >= p.max_tokens || seq.num_tokens() >= config_.max_model_len;
-    if (fork || needs_known_output(p)) may_overlap = false;
+    if (fork || uses_penalties(p)) may_overlap = false;
   }
   rec.next_may_overlap = may_overlap;
   rec.schedule_ns = t1 - t0;
