@@ -3,12 +3,13 @@
 //   - the executor: a decode graph's replay equals the eager step bit for bit,
 //     padded buckets match the unpadded eager step; device greedy == host
 //     greedy over the same logits (penalised rows too);
-//   - the engine: batched greedy == each request alone; prefix caching on/off,
-//     chunked prefill on/off, forced preemption (recompute and swap), graphs
-//     on/off all identical; seeded sampling reproducible across batch
-//     compositions; the KV pool sized from device memory;
-//   - the same engine comparisons in bf16 and f16 compute (EngineGpuHalf),
-//     equal up to a first divergence at a near-tie of the reference.
+//   - the engine: batched greedy == each request alone under every
+//     configuration of engine_variants() (graphs off, prefix caching off,
+//     chunked prefill at 40 tokens / off, forced preemption by recompute and
+//     swap); async scheduling on/off; seeded sampling reproducible across
+//     batch compositions; the KV pool sized from device memory;
+//   - the same variants in bf16 and f16 compute (EngineGpuHalf), equal up to
+//     a first divergence at a near-tie of the reference.
 // Run by tests/gpu/run.sh (binary gpu_engine_tests).
 #include <gtest/gtest.h>
 
@@ -18,7 +19,9 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <ostream>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
@@ -356,6 +359,47 @@ std::unique_ptr<Engine> make_engine_or_fail(const EngineConfig& c) {
   return e.ok() ? std::move(*e) : nullptr;
 }
 
+// The engine configurations both suites compare with their each-request-alone
+// reference: base_config changed by `apply`; `check_stats` (optional) asserts
+// that the change took effect in the run.
+struct EngineVariant {
+  const char* name;  // the test name's suffix
+  const char* what;  // printed with failures and in the f16/bf16 summary
+  void (*apply)(EngineConfig&);
+  void (*check_stats)(const EngineStats&);
+};
+
+void PrintTo(const EngineVariant& v, std::ostream* os) { *os << v.name; }
+
+void small_pool(EngineConfig& c) {
+  c.num_kv_blocks = 24;  // 384 tokens for 12 requests of up to ~150: preemption
+  c.enable_prefix_caching = false;
+}
+
+const std::vector<EngineVariant>& engine_variants() {
+  static const std::vector<EngineVariant> v = {
+      {"Batched", "batched vs alone", [](EngineConfig&) {}, nullptr},
+      {"Eager", "eager vs graphs", [](EngineConfig& c) { c.enforce_eager = true; }, nullptr},
+      {"PrefixCacheOff", "prefix caching off", [](EngineConfig& c) { c.enable_prefix_caching = false; }, nullptr},
+      // Long prompts in chunks alongside decodes.
+      {"ChunkedPrefill40", "chunked prefill (40-token budget)",
+       [](EngineConfig& c) { c.max_num_batched_tokens = 40; }, nullptr},
+      {"ChunkedPrefillOff", "chunked prefill off", [](EngineConfig& c) { c.enable_chunked_prefill = false; },
+       nullptr},
+      {"PreemptionRecompute", "preemption (recompute)", small_pool,
+       [](const EngineStats& s) { EXPECT_GT(s.num_preemptions, 0); }},
+      {"PreemptionSwap", "preemption (swap)",
+       [](EngineConfig& c) {
+         small_pool(c);
+         c.swap_space_bytes = int64_t{64} << 20;
+       },
+       [](const EngineStats& s) { EXPECT_GT(s.num_swap_outs, 0); }},
+  };
+  return v;
+}
+
+std::string variant_name(const EngineVariant& v) { return v.name; }
+
 std::vector<std::vector<int32_t>> run_batch(Engine& e, const std::vector<std::string>& ps,
                                             const std::vector<SamplingParams>& params) {
   std::vector<std::shared_ptr<RequestStream>> streams;
@@ -418,47 +462,20 @@ class EngineGpu : public ::testing::Test {
 };
 std::vector<std::vector<int32_t>>* EngineGpu::reference_ = nullptr;
 
-TEST_F(EngineGpu, BatchedGreedyEqualsAlone) {
+// Every configuration variant, fp32 compute: identical to the alone reference.
+class EngineGpuVariant : public EngineGpu, public ::testing::WithParamInterface<EngineVariant> {};
+
+TEST_P(EngineGpuVariant, IdenticalToAlone) {
   REQUIRE_MODEL();
-  check(base_config(path), "batched vs alone");
+  const EngineVariant& v = GetParam();
+  EngineConfig c = base_config(path);
+  v.apply(c);
+  check(c, v.what);
+  if (v.check_stats) v.check_stats(last_stats_);
 }
 
-TEST_F(EngineGpu, EagerEqualsGraphs) {
-  REQUIRE_MODEL();
-  EngineConfig c = base_config(path);
-  c.enforce_eager = true;
-  check(c, "eager vs graphs");
-}
-
-TEST_F(EngineGpu, PrefixCacheOffIdentical) {
-  REQUIRE_MODEL();
-  EngineConfig c = base_config(path);
-  c.enable_prefix_caching = false;
-  check(c, "prefix caching off");
-}
-
-TEST_F(EngineGpu, ChunkedPrefillIdentical) {
-  REQUIRE_MODEL();
-  EngineConfig c = base_config(path);
-  c.max_num_batched_tokens = 40;  // long prompts in chunks alongside decodes
-  check(c, "chunked prefill (40-token budget)");
-  EngineConfig off = base_config(path);
-  off.enable_chunked_prefill = false;
-  check(off, "chunked prefill off");
-}
-
-TEST_F(EngineGpu, ForcedPreemptionIdentical) {
-  REQUIRE_MODEL();
-  EngineConfig c = base_config(path);
-  c.num_kv_blocks = 24;  // 384 tokens for 12 requests of up to ~150: preemption
-  c.enable_prefix_caching = false;
-  check(c, "preemption (recompute)");
-  EXPECT_GT(last_stats_.num_preemptions, 0);
-  EngineConfig s = c;
-  s.swap_space_bytes = int64_t{64} << 20;
-  check(s, "preemption (swap)");
-  EXPECT_GT(last_stats_.num_swap_outs, 0);
-}
+INSTANTIATE_TEST_SUITE_P(Configs, EngineGpuVariant, ::testing::ValuesIn(engine_variants()),
+                         [](const ::testing::TestParamInfo<EngineVariant>& info) { return variant_name(info.param); });
 
 // Asynchronous scheduling (on by default): the reference and the checks
 // above overlap steps; off must give the same outputs, with graphs and eager.
@@ -616,7 +633,7 @@ struct Agreement {
   double max_gap = 0.0;  // largest reference gap at a divergence
 };
 
-class EngineGpuHalf : public ::testing::TestWithParam<std::string> {
+class EngineGpuHalf : public ::testing::TestWithParam<std::tuple<std::string, EngineVariant>> {
  protected:
   static void TearDownTestSuite() {
     std::printf("\n16-bit engine runs against the alone reference (greedy, %d requests x %d tokens):\n", kNumPrompts,
@@ -674,7 +691,7 @@ class EngineGpuHalf : public ::testing::TestWithParam<std::string> {
 
   // Runs all prompts batched under config c (dtype set here) and applies the rule.
   void check(EngineConfig c, const std::string& what) {
-    const std::string dtype = GetParam();
+    const std::string dtype = std::get<0>(GetParam());
     const HalfReference* ref = reference(c.model_path, dtype);
     ASSERT_NE(ref, nullptr) << "reference run failed";
     c.dtype = dtype;
@@ -716,52 +733,23 @@ class EngineGpuHalf : public ::testing::TestWithParam<std::string> {
 std::map<std::string, std::unique_ptr<HalfReference>> EngineGpuHalf::refs_;
 std::map<std::string, Agreement> EngineGpuHalf::totals_;
 
-TEST_P(EngineGpuHalf, BatchedGreedyMatchesAloneUpToNearTies) {
+TEST_P(EngineGpuHalf, MatchesAloneUpToNearTies) {
   REQUIRE_MODEL();
-  check(base_config(path), "batched vs alone");
-}
-
-TEST_P(EngineGpuHalf, EagerMatchesGraphsUpToNearTies) {
-  REQUIRE_MODEL();
+  const EngineVariant& v = std::get<1>(GetParam());
   EngineConfig c = base_config(path);
-  c.enforce_eager = true;
-  check(c, "eager vs graphs");
+  v.apply(c);
+  check(c, v.what);
+  if (v.check_stats) v.check_stats(last_stats_);
 }
 
-TEST_P(EngineGpuHalf, PrefixCacheOffMatchesUpToNearTies) {
-  REQUIRE_MODEL();
-  EngineConfig c = base_config(path);
-  c.enable_prefix_caching = false;
-  check(c, "prefix caching off");
-}
-
-TEST_P(EngineGpuHalf, ChunkedPrefillMatchesUpToNearTies) {
-  REQUIRE_MODEL();
-  EngineConfig c = base_config(path);
-  c.max_num_batched_tokens = 40;
-  check(c, "chunked prefill (40-token budget)");
-  EngineConfig off = base_config(path);
-  off.enable_chunked_prefill = false;
-  check(off, "chunked prefill off");
-}
-
-TEST_P(EngineGpuHalf, ForcedPreemptionMatchesUpToNearTies) {
-  REQUIRE_MODEL();
-  EngineConfig c = base_config(path);
-  c.num_kv_blocks = 24;
-  c.enable_prefix_caching = false;
-  check(c, "preemption (recompute)");
-  EXPECT_GT(last_stats_.num_preemptions, 0);
-  EngineConfig s = c;
-  s.swap_space_bytes = int64_t{64} << 20;
-  check(s, "preemption (swap)");
-  EXPECT_GT(last_stats_.num_swap_outs, 0);
-}
-
-INSTANTIATE_TEST_SUITE_P(Dtypes, EngineGpuHalf, ::testing::Values(std::string("bfloat16"), std::string("float16")),
-                         [](const ::testing::TestParamInfo<std::string>& info) {
-                           return info.param == "float16" ? std::string("f16") : std::string("bf16");
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Dtypes, EngineGpuHalf,
+    ::testing::Combine(::testing::Values(std::string("bfloat16"), std::string("float16")),
+                       ::testing::ValuesIn(engine_variants())),
+    [](const ::testing::TestParamInfo<std::tuple<std::string, EngineVariant>>& info) {
+      return (std::get<0>(info.param) == "float16" ? std::string("f16_") : std::string("bf16_")) +
+             variant_name(std::get<1>(info.param));
+    });
 
 // Figures, not a test: OSPREY_GPU_BENCH=1 prints decode step times (graphs
 // vs eager) at batch 1/32/128 from the engine's step timing, with the
