@@ -155,13 +155,13 @@ if [[ "${OSPREY_GPU_SANITIZE:-0}" == 1 ]]; then
     echo "run.sh: compute-sanitizer not found; no sanitizer run" >&2
     [[ $rc -eq 0 ]] && rc=1
   else
-    # Every kernel family: embedding/norms/RoPE/silu/gather/convert (OpsTest, Bf16Ops, F16Ops), GEMV, cuBLASLt
+    # Every kernel family: embedding/norms/RoPE/silu/gather/convert (OpsTest, HalfOps), GEMV, cuBLASLt
     # and panels (MatmulTest, *Ops.Matmul*), kv_write, decode/generic/mma prefill attention and split merge
     # (AttentionTest, *Attention*), the sampler (SamplingTest), whole models (three fixtures in fp32/bf16/f16).
     # Left out for time: the 4096-token prefill sweeps, the 1B dummy models, the throughput benches.
-    mem_filter=${OSPREY_SANITIZE_MEMCHECK_FILTER:-'OpsTest.*:MatmulTest.*:MatmulExactTest.*:AttentionTest.*:AttentionSplitTest.*:SamplingTest.*:Bf16Ops.*:F16Ops.*:F16Attention.*:Fixtures/ModelParity.LogitsAndGreedyMatchReference/llama_gqa:Fixtures/ModelParityBf16.*/qwen3:Fixtures/ModelParityF16.*/gguf_llama_Q4_1:-*LongPrompts*:*Throughput*'}
-    race_filter=${OSPREY_SANITIZE_RACECHECK_FILTER:-'AttentionTest.*:AttentionSplitTest.*:SamplingTest.*:OpsTest.RmsNorm*:OpsTest.RopeMatchesCpu:Bf16Ops.RowOpsMatchCpu:Bf16Ops.FusedQkvRopeKvWriteMatchesCpu:Bf16Ops.DecodeAttention*:Bf16Ops.PrefillAttentionBf16MatchesCpu:F16Attention.*'}
-    init_filter=${OSPREY_SANITIZE_INITCHECK_FILTER:-'OpsTest.*:AttentionTest.*:SamplingTest.*:F16Ops.RowOpsMatchCpu:F16Attention.DecodeWithPaddingAndGraphContract'}
+    mem_filter=${OSPREY_SANITIZE_MEMCHECK_FILTER:-'OpsTest.*:MatmulTest.*:MatmulExactTest.*:AttentionTest.*:AttentionSplitTest.*:SamplingTest.*:Dtypes/HalfOps.*:Dtypes/HalfAttention.*:HalfCommon.*:Fixtures/ModelParity.LogitsAndGreedyMatchReference/llama_gqa:Fixtures/ModelParityBf16.*/qwen3:Fixtures/ModelParityF16.*/gguf_llama_Q4_1:-*LongPrompts*:*Throughput*:*DummyLlama32_1b*'}
+    race_filter=${OSPREY_SANITIZE_RACECHECK_FILTER:-'AttentionTest.*:AttentionSplitTest.*:SamplingTest.*:OpsTest.RmsNorm*:OpsTest.RopeMatchesCpu:Dtypes/HalfOps.RowOpsMatchCpu/*:Dtypes/HalfOps.FusedQkvRopeKvWriteMatchesCpu/*:Dtypes/HalfAttention.*'}
+    init_filter=${OSPREY_SANITIZE_INITCHECK_FILTER:-'OpsTest.*:AttentionTest.*:SamplingTest.*:Dtypes/HalfOps.RowOpsMatchCpu/f16:Dtypes/HalfAttention.DecodeWithPaddingAndGraphContract/f16'}
     san_limit=${OSPREY_SANITIZE_TIMEOUT:-240}
     run_sanitizer() {  # tool filter extra-args...
       local tool=$1 filter=$2
