@@ -559,8 +559,7 @@ Tensor Model::forward(const ForwardBatch& batch, KvCache& kv) {
     be.paged_attention(q3, kv.layers[l], batch.attn, scale, window, attn3);
     be.matmul(attn, L.wo, Tensor(), proj);
     be.add_rms_norm(resid, proj, L.ffn_norm, c.rms_norm_eps, normed);  // + attention output
-    be.matmul(normed, L.w_gate_up, Tensor(), gate_up);
-    be.silu_mul(gate_up, act);
+    be.matmul_silu_mul(normed, L.w_gate_up, gate_up, act);  // CUDA batch 1: one kernel
     be.matmul(act, L.w_down, Tensor(), proj);
   }
   const int64_t r = batch.num_logit_rows;

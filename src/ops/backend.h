@@ -103,6 +103,14 @@ class Backend {
   // out[n, f] = silu(gate_up[n, :f]) * gate_up[n, f:]
   virtual void silu_mul(const Tensor& gate_up, Tensor& out) = 0;
 
+  // out[n, f] = silu_mul(x @ w_gate_up^T), w_gate_up [2 f, k]: the same values
+  // as matmul into gate_up [n, 2 f] then silu_mul. gate_up is scratch that a
+  // backend may leave unwritten (CUDA at n = 1: one kernel, no gate_up).
+  virtual void matmul_silu_mul(const Tensor& x, const Tensor& w_gate_up, Tensor& gate_up, Tensor& out) {
+    matmul(x, w_gate_up, Tensor(), gate_up);
+    silu_mul(gate_up, out);
+  }
+
   // Writes k, v [n, hk, hd] into the layer's pages at batch.slot_mapping.
   virtual void kv_write(const Tensor& k, const Tensor& v, const AttentionBatch& batch, LayerKv& kv) = 0;
 

@@ -112,6 +112,7 @@ class ProfilingBackend final : public Backend {
   void head_rms_norm(Tensor& x, const Tensor& w, float eps) override;
   void rope(Tensor& q, Tensor& k, const int32_t* positions, const RopeTable& table) override;
   void silu_mul(const Tensor& gate_up, Tensor& out) override;
+  void matmul_silu_mul(const Tensor& x, const Tensor& w_gate_up, Tensor& gate_up, Tensor& out) override;
   void kv_write(const Tensor& k, const Tensor& v, const AttentionBatch& batch, LayerKv& kv) override;
   void paged_attention(const Tensor& q, const LayerKv& kv, const AttentionBatch& batch, float scale, int sliding_window,
                        Tensor& out) override;

@@ -3,7 +3,9 @@
 // block sizes, GQA and MQA ratios, head dims 16..256, F32/F16/BF16 pages,
 // sliding windows, long contexts (split KV and its merge), empty batches;
 // decode steps with 16-bit q and pages (the tensor-core decode kernel): odd
-// lengths, page boundaries, G = 1/2/4/8, hd 64/128, windows, forced splits.
+// lengths, page boundaries, G = 1/2/4/8, hd 64/128, windows, forced splits,
+// one sequence at every count of used splits, and the in-kernel split merge
+// repeated and replayed from a CUDA graph (its counters reset every launch).
 #include <numeric>
 
 #include "gpu_test_util.h"
@@ -220,8 +222,10 @@ TEST_F(AttentionTest, EmptyBatchLeavesOutputAlone) {
 // zero_k every score is 0, so the output is the exact mean of V over each
 // query's key range: one key too many or too few moves it far beyond the
 // output's rounding, which random K hides at long lengths.
-void check_decode16(ops::Backend& gpu, ops::Backend& cpu, DType t, const Config& c, const std::vector<int>& lens,
-                    int window, uint32_t seed, bool zero_k = false, float q_range = 2.0f) {
+// Returns the output bytes.
+std::vector<uint8_t> check_decode16(ops::Backend& gpu, ops::Backend& cpu, DType t, const Config& c,
+                                    const std::vector<int>& lens, int window, uint32_t seed, bool zero_k = false,
+                                    float q_range = 2.0f) {
   std::vector<SeqSpec> seqs;
   for (int len : lens) seqs.push_back({1, len});
   const std::string what = std::string(dtype_name(t)) + " decode " + (zero_k ? "K=0 " : "") + tag(c, window, seqs);
@@ -256,7 +260,8 @@ void check_decode16(ops::Backend& gpu, ops::Backend& cpu, DType t, const Config&
   kv.v = Tensor(gv.get(), t, {h.num_blocks, c.block_size, c.hk, c.hd}, Device::kCuda);
   Tensor qt = dev_tensor(gq, t, {n, c.hq, c.hd}), ot = dev_tensor(go, t, {n, c.hq, c.hd});
   gpu.paged_attention(qt, kv, db.b, scale, window, ot);
-  const auto got = unpack(t, download<uint8_t>(gpu, go, out_bytes), 1, static_cast<int64_t>(qr.size()));
+  const auto bytes = download<uint8_t>(gpu, go, out_bytes);
+  const auto got = unpack(t, bytes, 1, static_cast<int64_t>(qr.size()));
   // Rounding: q and P to t, the output to t (2^-9 relative for BF16, 2^-12 for F16).
   const bool bf16 = t == DType::kBF16;
   if (zero_k) {
@@ -264,6 +269,7 @@ void check_decode16(ops::Backend& gpu, ops::Backend& cpu, DType t, const Config&
   } else {
     expect_close(got, ref, bf16 ? 5e-5 : 3e-6, bf16 ? 2e-2 : 4e-3, what);
   }
+  return bytes;
 }
 
 const std::vector<int> kDecodeLens = {1, 2, 15, 16, 17, 31, 33, 64, 65, 100, 257, 1000, 4097};
@@ -303,6 +309,63 @@ TEST_F(AttentionTest, Decode16ManySequences) {
   for (int i = 0; i < 130; ++i) lens.push_back(1 + static_cast<int>(rng() % 1500));
   check_decode16(gpu(), cpu(), DType::kBF16, Config{32, 8, 128, 16, DType::kBF16}, lens, 0, 950);
   check_decode16(gpu(), cpu(), DType::kF16, Config{32, 8, 128, 16, DType::kF16}, lens, 0, 951, true);
+}
+
+// One sequence (the batch-1 plan: the most splits) at lengths around every
+// count of used splits: a split takes >= 64 keys (OSPREY_DECODE_MIN_KEYS
+// may raise it), so a short context leaves the later splits' blocks empty
+// (they exit, the merge skips them); long ones use all of them.
+TEST_F(AttentionTest, Decode16OneSequenceEveryUsedSplitCount) {
+  uint32_t seed = 1000;
+  for (int len : {1, 15, 255, 256, 257, 511, 512, 513, 1000, 2047, 2048, 2049, 3000, 4352, 4353, 6000, 8192, 9000}) {
+    check_decode16(gpu(), cpu(), DType::kBF16, Config{32, 8, 128, 16, DType::kBF16}, {len}, 0, seed += 7, true);
+    check_decode16(gpu(), cpu(), DType::kF16, Config{8, 2, 64, 7, DType::kF16}, {len}, 0, seed += 7);
+  }
+  check_decode16(gpu(), cpu(), DType::kBF16, Config{32, 8, 128, 16, DType::kBF16}, {3000}, 700, seed += 7, true);
+}
+
+// A decode step with splits (one and three sequences: the in-kernel merge,
+// whose per-(sequence, KV head) counters must be back at zero after every
+// launch) run five times eagerly and five times from a CUDA graph, the
+// output poisoned before each run: every run gives the first one's bytes.
+TEST_F(AttentionTest, Decode16SplitMergeRepeatsAndGraphReplays) {
+  const Config c{32, 8, 128, 16, DType::kBF16};
+  for (const std::vector<int>& lens : std::vector<std::vector<int>>{{3000}, {700, 5000, 33}}) {
+    std::vector<SeqSpec> seqs;
+    for (int len : lens) seqs.push_back({1, len});
+    Batch h(seqs, c.block_size, 77);
+    const int64_t n = h.num_tokens();
+    const size_t page_elems = static_cast<size_t>(h.num_blocks) * c.block_size * c.hk * c.hd;
+    DeviceBatch db(gpu(), h);
+    DeviceMem gk = upload(gpu(), random_pages(c.kv_dtype, page_elems, 78));
+    DeviceMem gv = upload(gpu(), random_pages(c.kv_dtype, page_elems, 79));
+    DeviceMem gq = upload(gpu(), random_pages(c.kv_dtype, static_cast<size_t>(n * c.hq * c.hd), 80));
+    const std::vector<uint8_t> poison(static_cast<size_t>(n * c.hq * c.hd * 2), 0xff);
+    DeviceMem go = upload(gpu(), poison);
+    ops::LayerKv kv;
+    kv.k = Tensor(gk.get(), c.kv_dtype, {h.num_blocks, c.block_size, c.hk, c.hd}, Device::kCuda);
+    kv.v = Tensor(gv.get(), c.kv_dtype, {h.num_blocks, c.block_size, c.hk, c.hd}, Device::kCuda);
+    Tensor qt = dev_tensor(gq, c.kv_dtype, {n, c.hq, c.hd}), ot = dev_tensor(go, c.kv_dtype, {n, c.hq, c.hd});
+    auto run = [&] { gpu().paged_attention(qt, kv, db.b, 0.088f, 0, ot); };
+    run();
+    const auto want = download<uint8_t>(gpu(), go, poison.size());
+    ASSERT_NE(want, poison);
+    for (int rep = 0; rep < 5; ++rep) {
+      gpu().copy_to_device(go.get(), poison.data(), poison.size());
+      run();
+      EXPECT_EQ(download<uint8_t>(gpu(), go, poison.size()), want) << "eager run " << rep << " lens[0]=" << lens[0];
+    }
+    if (!gpu().supports_graphs()) continue;
+    gpu().begin_capture();
+    run();
+    auto graph = gpu().end_capture();
+    ASSERT_NE(graph, nullptr);
+    for (int rep = 0; rep < 5; ++rep) {
+      gpu().copy_to_device(go.get(), poison.data(), poison.size());
+      graph->launch();
+      EXPECT_EQ(download<uint8_t>(gpu(), go, poison.size()), want) << "graph replay " << rep << " lens[0]=" << lens[0];
+    }
+  }
 }
 
 class AttentionSplitTest : public GpuTest {

@@ -104,6 +104,10 @@ CudaBackend::CudaBackend(const CudaBackendOptions& options) : options_(options) 
       cublasSetWorkspace(cublas_, cublas_workspace_.reserve(kCublasWorkspaceBytes, stream_), kCublasWorkspaceBytes));
   // Default math: fp32 GEMMs stay fp32 (no TF32); F16/BF16 inputs use tensor cores.
   OSP_CUBLAS_CHECK(cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH));
+  // Before any capture: the decode split-merge counters start at zero.
+  const size_t ticket_bytes = static_cast<size_t>(kDecodeSplitTickets) * sizeof(unsigned int);
+  OSP_CUDA_CHECK(cudaMemsetAsync(decode_tickets_.reserve(ticket_bytes, stream_), 0, ticket_bytes, stream_));
+  OSP_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
 CudaBackend::~CudaBackend() {
@@ -127,6 +131,7 @@ CudaBackend::~CudaBackend() {
   panel_scratch_.reset();
   attn_acc_.reset();
   attn_ml_.reset();
+  decode_tickets_.reset();
   rope_freq_.reset();
   if (stream_) OSP_CUDA_CHECK(cudaStreamDestroy(stream_));
 }
@@ -277,6 +282,23 @@ void CudaBackend::silu_mul(const Tensor& gate_up, Tensor& out) {
   OSP_CHECK_EQ(gate_up.rows(), out.rows());
   bind_device();
   launch_silu_mul(out.dtype(), gate_up.data(), out.rows(), out.cols(), out.data(), stream_);
+}
+
+void CudaBackend::matmul_silu_mul(const Tensor& x, const Tensor& w_gate_up, Tensor& gate_up, Tensor& out) {
+  // One row of 16-bit activations: one kernel (gemm/gemv.cu), gate_up unwritten.
+  const bool one_row = x.ndim() == 2 && x.rows() == 1 && out.ndim() == 2 && out.rows() == 1 &&
+                       x.dtype() == out.dtype() && (x.dtype() == DType::kBF16 || x.dtype() == DType::kF16) &&
+                       x.device() == Device::kCuda && out.device() == Device::kCuda &&
+                       w_gate_up.device() == Device::kCuda && w_gate_up.ndim() == 2 &&
+                       w_gate_up.dim(0) == 2 * out.cols() && w_gate_up.dim(1) == x.cols();
+  if (one_row) {
+    bind_device();
+    if (launch_gemv_silu_mul(w_gate_up.dtype(), w_gate_up.data(), w_gate_up.row_bytes(), out.cols(), x.cols(),
+                             x.dtype(), x.data(), out.data(), stream_))
+      return;
+  }
+  matmul(x, w_gate_up, Tensor(), gate_up);
+  silu_mul(gate_up, out);
 }
 
 void CudaBackend::gather_rows(const Tensor& x, const int32_t* rows, int num_rows, Tensor& out) {

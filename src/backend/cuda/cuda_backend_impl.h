@@ -56,6 +56,7 @@ class CudaBackend final : public ops::Backend {
   void kv_write(const Tensor& k, const Tensor& v, const ops::AttentionBatch& batch, ops::LayerKv& kv) override;
   void paged_attention(const Tensor& q, const ops::LayerKv& kv, const ops::AttentionBatch& batch, float scale,
                        int sliding_window, Tensor& out) override;
+  void matmul_silu_mul(const Tensor& x, const Tensor& w_gate_up, Tensor& gate_up, Tensor& out) override;
   void gather_rows(const Tensor& x, const int32_t* rows, int num_rows, Tensor& out) override;
   void fill_rows_from(const Tensor& x, const int32_t* src_rows, int num_rows, Tensor& out) override;
   // ---- device runtime (cuda_runtime.cpp, graphs/, sampling/)
@@ -141,6 +142,10 @@ class CudaBackend final : public ops::Backend {
   DeviceBuffer panel_scratch_;  // dequantised weight panels (fp32, or the 16-bit activation dtype)
   DeviceBuffer attn_acc_;       // split attention partials
   DeviceBuffer attn_ml_;
+  // The decode kernel's split-merge counters (kernels.h split_tickets):
+  // allocated and zeroed at construction, zero between launches.
+  static constexpr int64_t kDecodeSplitTickets = 8192;
+  DeviceBuffer decode_tickets_;
   DeviceBuffer rope_freq_;                // inv_freq copied from host memory
   const float* last_inv_freq_ = nullptr;  // last RopeTable pointer seen and whether it was device memory
   bool last_inv_freq_on_device_ = false;

@@ -110,6 +110,15 @@ constexpr int kGemvRowsPerPass = 8;
 void launch_gemv(DType dtype, const void* w, int64_t row_bytes, int64_t m, int64_t k, DType x_dtype, const void* x,
                  int64_t n, const float* bias, DType out_dtype, void* out, cudaStream_t stream);
 
+// One activation row with the SiLU-and-mul folded in: out[j] = silu(g[j]) *
+// u[j] for j < f, where g[j] = dot(x, w row j) and u[j] = dot(x, w row f + j),
+// each rounded to act first (bit for bit launch_gemv then launch_silu_mul).
+// w [2 f, k] of w_dtype (BF16 or F16, 16-byte aligned rows, k % 8 == 0), x [k]
+// and out [f] of act (BF16 or F16); false (nothing launched) where a dtype
+// or alignment does not fit or OSPREY_FUSED_SILU=0 is set (read once).
+bool launch_gemv_silu_mul(DType w_dtype, const void* w, int64_t row_bytes, int64_t f, int64_t k, DType act,
+                          const void* x, void* out, cudaStream_t stream);
+
 // dst[r, :] = dequant(w row r) as out_dtype (F32, BF16 or F16), r < rows (dst
 // leading dimension k).
 void launch_dequant_rows(DType dtype, const void* w, int64_t row_bytes, int64_t rows, int64_t k, DType out_dtype,
@@ -154,6 +163,12 @@ struct PagedAttentionArgs {
   int min_keys_per_split = 0;
   float* part_acc = nullptr;
   float* part_ml = nullptr;
+  // Decode kernel only (tensor-core path, num_splits > 1): one counter per
+  // (sequence, KV head), num_seqs * hk of them, zero before the launch and
+  // left zero after it; the kernel then merges the splits itself (the last
+  // block of each pair to finish) and no combine kernel runs. Null: the
+  // combine kernel merges (launch_decode_attention decides).
+  unsigned int* split_tickets = nullptr;
 };
 
 // Largest head_dim the attention kernels take.

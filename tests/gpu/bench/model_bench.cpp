@@ -107,6 +107,11 @@ class ProfilingBackend final : public ops::Backend {
   void silu_mul(const Tensor& g, Tensor& o) override {
     timed("silu_mul", [&] { b_.silu_mul(g, o); });
   }
+  void matmul_silu_mul(const Tensor& x, const Tensor& w, Tensor& g, Tensor& o) override {
+    const std::string label = "matmul+silu_mul " + std::to_string(w.dim(0)) + "x" + std::to_string(w.dim(1));
+    timed(label, [&] { b_.matmul_silu_mul(x, w, g, o); });
+    bytes_[label] = static_cast<double>(w.nbytes());
+  }
   void kv_write(const Tensor& k, const Tensor& v, const ops::AttentionBatch& a, ops::LayerKv& kv) override {
     timed("kv_write", [&] { b_.kv_write(k, v, a, kv); });
   }
@@ -253,8 +258,11 @@ int main(int argc, char** argv) {
   ProfilingBackend be(*cuda_be, impl->stream());
   std::printf("device: %s\n", be.name());
   std::printf(
-      "env: OSPREY_CUDA_NO_PDL=%s OSPREY_DECODE_ATTENTION=%s\n", env_or("OSPREY_CUDA_NO_PDL", "(unset)"),
-      env_or("OSPREY_DECODE_ATTENTION", "(unset)"));
+      "env: OSPREY_CUDA_NO_PDL=%s OSPREY_DECODE_ATTENTION=%s OSPREY_DECODE_MIN_KEYS=%s OSPREY_DECODE_MERGE=%s "
+      "OSPREY_FUSED_SILU=%s\n",
+      env_or("OSPREY_CUDA_NO_PDL", "(unset)"), env_or("OSPREY_DECODE_ATTENTION", "(unset)"),
+      env_or("OSPREY_DECODE_MIN_KEYS", "(unset)"), env_or("OSPREY_DECODE_MERGE", "(unset)"),
+      env_or("OSPREY_FUSED_SILU", "(unset)"));
   if (contexts.empty()) contexts = {512, 2048, 4096, 8192};
 
   // Copy bandwidth ceiling: 2 GiB device to device, read + write counted.

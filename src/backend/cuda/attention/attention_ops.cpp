@@ -122,6 +122,10 @@ void CudaBackend::paged_attention(const Tensor& q, const ops::LayerKv& kv, const
     const size_t rows = static_cast<size_t>(splits) * static_cast<size_t>(batch.num_tokens) * static_cast<size_t>(hq);
     a.part_acc = attn_acc_.reserve_as<float>(rows * static_cast<size_t>(hd), stream_);
     a.part_ml = attn_ml_.reserve_as<float>(rows * 2, stream_);
+    // The decode kernel's in-kernel split merge, where the counters suffice.
+    if (decode_kernel && int64_t{batch.num_seqs} * hk <= kDecodeSplitTickets) {
+      a.split_tickets = static_cast<unsigned int*>(decode_tickets_.get());
+    }
   }
   if (decode_kernel) {
     launch_decode_attention(a, stream_);

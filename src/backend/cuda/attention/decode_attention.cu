@@ -35,6 +35,33 @@
 // OSPREY_DECODE_ATTENTION=simt in the environment (read once) makes the SIMT
 // kernel run where the tensor-core one would: the A/B of gpu_op_bench.
 //
+// Splits past the context: the plan fixes num_splits (graph contract), but
+// a split takes at least min_keys_per_split keys, so a short context uses
+// only the first ceil(span / chunk) splits; the tensor-core kernel's blocks
+// of the others write (m = -inf, l = 0) for their heads and exit (the merge
+// gives them weight 0 and reads nothing else of theirs). The tensor-core
+// kernel's minimum is kMmaMinKeysPerDecodeSplit; OSPREY_DECODE_MIN_KEYS
+// overrides it (read once; the A/B switch of model_bench).
+//
+// Split merge in the kernel (tensor-core kernel, args.split_tickets set):
+// every block writes its partials, then takes a ticket from its (sequence,
+// KV head)'s counter (__threadfence, atomicAdd); the block that draws the
+// last one resets the counter to 0 and merges the splits into out, with
+// combine_splits' arithmetic (paged_attention.cu: the same weights, the
+// splits summed in the same order, zero weights skipped). The counters start zeroed and every complete launch
+// leaves them zero, so graph replays see what eager steps see. It replaces
+// the combine kernel's launch and grid drain, which is most of a batch-1
+// layer's attention time. OSPREY_DECODE_MERGE=kernel (read once) keeps the
+// combine kernel: the A/B switch. The kernel stays an ordinary launch and
+// never triggers programmatic dependent launch (a trigger after the key
+// loop, letting the o-projection GEMV load weights during the merges, was
+// 0.02-0.03 ms per step slower on an H100: docs/cuda.md).
+//
+// A decode step has one query token per sequence (num_tokens == num_seqs and
+// max_q_len <= 1, checked by the backend), so the tensor-core kernel takes
+// token = seq instead of loading q_indptr: one global round trip fewer
+// before the first K/V tile.
+//
 // Graph contract: the grid depends on num_seqs, hk and num_splits only
 // (plan_decode_splits picks num_splits from num_seqs and the device); a
 // sequence's range [lo, hi) and its split's share are computed here from
@@ -263,6 +290,91 @@ struct Mma16<__half> {
   }
 };
 
+// The in-kernel split merge (file comment), called by every thread of a
+// block once its partials for query heads kvh * kG .. + kG - 1 of `token`
+// are written (an empty split: only its (m, l)). Returns at once in all but
+// the last block of (seq, kvh) to finish; that one writes out[token, those
+// heads, 0..kHd). used: the splits with keys (the others have weight 0).
+// sw: dynamic shared memory for kG * kMaxDecodeSplitsMerged floats and one
+// int, free here (the kernel has no static shared memory: at hd 64 its
+// dynamic 48 KB are the default limit, and any static byte more fails the
+// launch).
+constexpr int kMaxDecodeSplitsMerged = 64;  // two per lane of a warp
+constexpr int kMergeBatch = 16;             // partial loads in flight per thread
+
+template <int kHd, int kG, class T>
+__device__ __forceinline__ void merge_splits_if_last(const PagedAttentionArgs& a, int seq, int kvh, int token,
+                                                     int used, float* sw) {
+  volatile int* s_last = reinterpret_cast<volatile int*>(sw + kG * kMaxDecodeSplitsMerged);
+  __threadfence();  // this block's partials are visible device-wide before its ticket
+  __syncthreads();  // (and every thread is done with the shared memory sw reuses)
+  if (threadIdx.x == 0) {
+    unsigned int* t = a.split_tickets + static_cast<int64_t>(seq) * a.hk + kvh;
+    const bool last = atomicAdd(t, 1u) == static_cast<unsigned int>(a.num_splits - 1);
+    if (last) atomicExch(t, 0u);  // every block of this pair has taken its ticket
+    *s_last = last ? 1 : 0;
+  }
+  __syncthreads();
+  if (*s_last == 0) return;
+  __threadfence();  // the other blocks' partials are read after their tickets
+  const int ns = a.num_splits;
+  const int64_t rows = static_cast<int64_t>(a.num_tokens) * a.hq;
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  // Weights w_z = exp(m_z - M) / sum_z w_z l_z per head (combine_splits' warp 0 part).
+  for (int h = warp; h < kG; h += kMmaWarps) {
+    const int64_t r = static_cast<int64_t>(token) * a.hq + kvh * kG + h;
+    float m[2], l[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int z = lane + 32 * i;
+      m[i] = z < ns ? __ldcg(a.part_ml + (z * rows + r) * 2) : -INFINITY;
+      l[i] = z < ns ? __ldcg(a.part_ml + (z * rows + r) * 2 + 1) : 0.0f;
+    }
+    const float mx = warp_max(fmaxf(m[0], m[1]));
+    float w[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) w[i] = mx == -INFINITY || m[i] == -INFINITY ? 0.0f : expf(m[i] - mx);
+    const float denom = warp_sum(w[0] * l[0] + w[1] * l[1]);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int z = lane + 32 * i;
+      sw[h * kMaxDecodeSplitsMerged + z] = denom > 0.0f && z < ns ? w[i] / denom : 0.0f;
+    }
+  }
+  __syncthreads();
+  // out = sum_z w_z acc_z, 4 dims per thread (16-byte loads, kMergeBatch
+  // splits in flight), splits in ascending order, skipping w_z == 0.
+  for (int i = threadIdx.x; i < kG * kHd / 4; i += kMmaThreads) {
+    const int h = 4 * i / kHd;
+    const int d = 4 * i - h * kHd;
+    const int64_t r = static_cast<int64_t>(token) * a.hq + kvh * kG + h;
+    const float* wz = sw + h * kMaxDecodeSplitsMerged;
+    float num[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int z0 = 0; z0 < used; z0 += kMergeBatch) {
+      float4 v[kMergeBatch];
+#pragma unroll
+      for (int j = 0; j < kMergeBatch; ++j) {
+        v[j] = z0 + j < used ? __ldcg(reinterpret_cast<const float4*>(a.part_acc + ((z0 + j) * rows + r) * kHd + d))
+                             : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
+#pragma unroll
+      for (int j = 0; j < kMergeBatch; ++j) {
+        const float w = z0 + j < used ? wz[z0 + j] : 0.0f;
+        if (w != 0.0f) {
+          num[0] += w * v[j].x;
+          num[1] += w * v[j].y;
+          num[2] += w * v[j].z;
+          num[3] += w * v[j].w;
+        }
+      }
+    }
+    T* o = static_cast<T*>(a.out) + r * kHd + d;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[e] = from_float<T>(num[e]);
+  }
+}
+
 // Byte offset of 16-byte chunk c of key row r in a stage tile (rows of
 // kRowBytes; the chunk index XOR r % 8 spreads ldmatrix's 8 rows over the
 // banks).
@@ -282,6 +394,8 @@ __global__ void __launch_bounds__(kMmaThreads) mma_decode_kernel(PagedAttentionA
   constexpr int kKSteps = kHd / 16;
   constexpr int kNTiles = kHd / 8;
   static_assert(kG >= 1 && kG <= 8, "query heads per KV head are rows 0..7 of the MMA");
+  static_assert(mma_smem_bytes<kHd, kG>() >= sizeof(float) * (kG * kMaxDecodeSplitsMerged + 1),
+                "the split merge's weights and flag fit the stage rings");
   extern __shared__ __align__(16) unsigned char mma_smem[];
 
   const int seq = blockIdx.x;
@@ -291,7 +405,7 @@ __global__ void __launch_bounds__(kMmaThreads) mma_decode_kernel(PagedAttentionA
   const int lane = threadIdx.x % 32;
   const int g = lane / 4;  // MMA row: query head kvh * kG + g (g < kG)
   const int qd = lane % 4;
-  const int token = a.q_indptr[seq];
+  const int token = seq;  // decode: q_indptr is the identity (file comment)
   const int kv_len = a.kv_lens[seq];
   const int pos = a.positions[token];
   int hi = min(pos + 1, kv_len);
@@ -302,6 +416,19 @@ __global__ void __launch_bounds__(kMmaThreads) mma_decode_kernel(PagedAttentionA
   const int chunk = max((per_split + kTileKeys - 1) / kTileKeys * kTileKeys, a.min_keys_per_split);
   const int my_lo = min(hi, lo + split * chunk);
   const int my_hi = min(hi, my_lo + chunk);
+  if (a.num_splits > 1 && my_lo == my_hi) {
+    // A split past the context: the merge gives it weight 0 and reads only (m, l).
+    if (threadIdx.x < kG) {
+      const int64_t idx = (static_cast<int64_t>(split) * a.num_tokens + token) * a.hq + kvh * kG + threadIdx.x;
+      a.part_ml[idx * 2] = -INFINITY;
+      a.part_ml[idx * 2 + 1] = 0.0f;
+    }
+    if (a.split_tickets != nullptr) {
+      merge_splits_if_last<kHd, kG, T>(a, seq, kvh, token, chunk > 0 ? (span + chunk - 1) / chunk : 0,
+                                       reinterpret_cast<float*>(mma_smem));
+    }
+    return;
+  }
   const int num_tiles = (my_hi - my_lo + kTileKeys - 1) / kTileKeys;
   const int my_tiles = num_tiles > warp ? (num_tiles - warp + kMmaWarps - 1) / kMmaWarps : 0;
 
@@ -476,6 +603,10 @@ __global__ void __launch_bounds__(kMmaThreads) mma_decode_kernel(PagedAttentionA
       }
     }
   }
+  if (a.num_splits > 1 && a.split_tickets != nullptr) {
+    merge_splits_if_last<kHd, kG, T>(a, seq, kvh, token, chunk > 0 ? (span + chunk - 1) / chunk : 0,
+                                     reinterpret_cast<float*>(mma_smem));
+  }
 }
 
 template <int kHd, int kG, class T>
@@ -548,16 +679,47 @@ bool use_mma(const PagedAttentionArgs& a) {
 
 // Split plan. The SIMT kernel: >= 2 blocks per SM, splits of >= 64 keys.
 // The tensor-core kernel: split only until there is one block per SM (it
-// holds 2 per SM at hd 128, 96 KB of stages each), splits of >= 64 keys (one
-// tile per warp). Measured on an H200 (gpu_op_bench decode-attention, forced
-// splits): every split beyond that costs more in partial writes, the merge
-// kernel and per-block start-up than the extra blocks gain, e.g. 56 seqs x
+// holds 2 per SM at hd 128, 96 KB of stages each), splits of >=
+// kMmaMinKeysPerDecodeSplit keys (one tile per warp). Measured on an H200
+// (gpu_op_bench decode-attention, forced splits): every split beyond that
+// costs more in partial writes, the merge kernel and per-block start-up
+// than the extra blocks gain, e.g. 56 seqs x
 // 544 keys 38.6 us unsplit vs 45.8 us in 2 splits; 8 x 4096 best at 3-4
 // splits (64 blocks), 1 x 16384 at 16-32.
 constexpr int kSimtBlocksPerSm = 2;
 constexpr int kMmaBlocksPerSm = 1;
 constexpr int kMinKeysPerDecodeSplit = 64;
 constexpr int kMaxDecodeSplits = 64;
+static_assert(kMaxDecodeSplits <= kMaxDecodeSplitsMerged, "the in-kernel merge takes every planned split count");
+// The tensor-core kernel's minimum keys per split. Measured on an H100
+// (model_bench, batch 1): 128 and 256 gain nothing at 2048 keys, 256 costs
+// 0.05 ms per step at 512 keys (fewer blocks, longer chains), 512 costs 0.1
+// ms at 2048 (docs/cuda.md).
+constexpr int kMmaMinKeysPerDecodeSplit = 64;
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
+  char* end = nullptr;
+  const long x = std::strtol(v, &end, 10);
+  return end != v && x >= 0 && x <= INT_MAX ? static_cast<int>(x) : fallback;
+}
+
+int mma_min_keys_per_split() {
+  static const int keys = [] {
+    const int k = env_int("OSPREY_DECODE_MIN_KEYS", kMmaMinKeysPerDecodeSplit);
+    return std::max(kTileKeys, (k + kTileKeys - 1) / kTileKeys * kTileKeys);
+  }();
+  return keys;
+}
+
+bool merge_kernel_forced() {
+  static const bool forced = [] {
+    const char* v = std::getenv("OSPREY_DECODE_MERGE");
+    return v != nullptr && std::strcmp(v, "kernel") == 0;
+  }();
+  return forced;
+}
 
 }  // namespace
 
@@ -573,7 +735,7 @@ void plan_decode_splits(PagedAttentionArgs& a, int num_sms) {
   const int64_t blocks = std::max<int64_t>(1, int64_t{a.num_seqs} * a.hk);
   const int64_t target = int64_t{use_mma(a) ? kMmaBlocksPerSm : kSimtBlocksPerSm} * std::max(1, num_sms);
   a.num_splits = static_cast<int>(std::clamp<int64_t>((target + blocks - 1) / blocks, 1, kMaxDecodeSplits));
-  a.min_keys_per_split = kMinKeysPerDecodeSplit;
+  a.min_keys_per_split = use_mma(a) ? mma_min_keys_per_split() : kMinKeysPerDecodeSplit;
 }
 
 void launch_decode_attention(const PagedAttentionArgs& a, cudaStream_t stream) {
@@ -582,14 +744,18 @@ void launch_decode_attention(const PagedAttentionArgs& a, cudaStream_t stream) {
   OSP_CHECK(a.num_splits == 1 || (a.part_acc != nullptr && a.part_ml != nullptr));
   if (a.num_seqs == 0) return;
   const bool mma = use_mma(a);
-  OSP_DISPATCH_ACT(a.act, QT, OSP_DISPATCH_FLOAT(a.kv_dtype, KvT, {
-                     if (a.hd == 64) {
-                       launch_for_group<64, KvT, QT>(a, mma, stream);
+  PagedAttentionArgs k = a;
+  if (!mma || k.num_splits <= 1 || k.num_splits > kMaxDecodeSplitsMerged || merge_kernel_forced()) {
+    k.split_tickets = nullptr;  // the combine kernel merges
+  }
+  OSP_DISPATCH_ACT(k.act, QT, OSP_DISPATCH_FLOAT(k.kv_dtype, KvT, {
+                     if (k.hd == 64) {
+                       launch_for_group<64, KvT, QT>(k, mma, stream);
                      } else {
-                       launch_for_group<128, KvT, QT>(a, mma, stream);
+                       launch_for_group<128, KvT, QT>(k, mma, stream);
                      }
                    }));
-  if (a.num_splits > 1) launch_combine_splits(a, stream);
+  if (k.num_splits > 1 && k.split_tickets == nullptr) launch_combine_splits(k, stream);
 }
 
 }  // namespace osprey::cuda

@@ -4,8 +4,13 @@
 // Launched with programmatic dependent launch (pdl.cuh): at one activation
 // row of F16/BF16 weights the first weight chunks are loaded while the
 // kernel before it (norm, SiLU-and-mul) still runs.
-// Also the fp32 dequantisation of weight panels for the GEMM fallback.
+// Also the batch-1 gate/up GEMV with the SiLU-and-mul folded in
+// (launch_gemv_silu_mul) and the fp32 dequantisation of weight panels for
+// the GEMM fallback.
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <type_traits>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_common.cuh"
@@ -220,6 +225,52 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
+// Batch-1 gate/up GEMV with the SiLU-and-mul folded in, w [2 f, k] of
+// F16/BF16 (16-byte aligned rows, k % 8 == 0): block b's warps 0..3 take the
+// gate rows j = 4 b + w and warps 4..7 the matching up rows f + j. Each dot
+// is gemv_kernel's batch-1 one (load_pre before pdl_wait, lane_dot16,
+// warp_sum, + 0.0f as for a missing bias) rounded to XT; then thread t < 4
+// writes silu(g) * u with silu_mul_x8_kernel's expression, so out is bit for
+// bit the two-kernel result. Launched through launch_pdl (same contract).
+constexpr int kGluCols = kWarps / 2;  // output columns per block
+
+template <DType T, class XT>
+__global__ void __launch_bounds__(kWarps * 32)
+    gemv_silu_mul_kernel(const char* __restrict__ w, int64_t row_bytes, int64_t f, int64_t k,
+                         const XT* __restrict__ x, XT* __restrict__ out) {
+  constexpr int kPreChunks = kPreGroups1 * kUnroll;
+  __shared__ float s_gu[2][kGluCols];  // [gate, up][column in block], rounded to XT
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int half = warp / kGluCols;  // 0: gate row, 1: up row
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * kGluCols + warp % kGluCols;
+  const bool valid = j < f;
+  const char* wr = w + (valid ? j + half * f : 0) * row_bytes;
+  uint4 pre[kPreChunks];
+  load_pre(wr, k, lane, valid, pre);
+  pdl_launch_dependents();
+  pdl_wait();
+  if (valid) {
+    const float s = warp_sum(lane_dot16<T, XT, kPreChunks>(wr, pre, x, k, lane));
+    if (lane == 0) s_gu[half][warp % kGluCols] = to_float(from_float<XT>(s + 0.0f));
+  }
+  __syncthreads();
+  const int64_t jo = static_cast<int64_t>(blockIdx.x) * kGluCols + threadIdx.x;
+  if (threadIdx.x < kGluCols && jo < f) {
+    const float g = s_gu[0][threadIdx.x];
+    const float u = s_gu[1][threadIdx.x];
+    out[jo] = from_float<XT>(g / (1.0f + expf(-g)) * u);
+  }
+}
+
+bool fused_silu_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("OSPREY_FUSED_SILU");
+    return v == nullptr || std::strcmp(v, "0") != 0;
+  }();
+  return on;
+}
+
 template <DType T, class OT>
 __global__ void dequant_rows_kernel(const char* __restrict__ w, int64_t row_bytes, int64_t rows, int64_t k,
                                     OT* __restrict__ dst) {
@@ -290,6 +341,33 @@ void launch_gemv(DType dtype, const void* w, int64_t row_bytes, int64_t m, int64
     OSP_CHECK_MSG(false, "gemv: unsupported activation/output dtypes " << dtype_name(x_dtype) << " -> "
                                                                        << dtype_name(out_dtype));
   }
+}
+
+bool launch_gemv_silu_mul(DType w_dtype, const void* w, int64_t row_bytes, int64_t f, int64_t k, DType act,
+                          const void* x, void* out, cudaStream_t stream) {
+  const bool w16 = w_dtype == DType::kBF16 || w_dtype == DType::kF16;
+  const bool a16 = act == DType::kBF16 || act == DType::kF16;
+  if (!w16 || !a16 || !fused_silu_enabled() || f <= 0 || k <= 0 || k % 8 != 0 || row_bytes % 16 != 0 ||
+      !aligned16(w) || !aligned16(x) || ceil_div(f, kGluCols) > int64_t{2147483647})
+    return false;
+  const dim3 grid(static_cast<unsigned>(ceil_div(f, kGluCols)));
+  const auto* wp = static_cast<const char*>(w);
+  auto go = [&](auto wtag, auto* xp) {
+    using XT = std::remove_const_t<std::remove_pointer_t<decltype(xp)>>;
+    constexpr DType W = decltype(wtag)::value;
+    launch_pdl(gemv_silu_mul_kernel<W, XT>, grid, dim3(kWarps * 32), 0, stream, wp, row_bytes, f, k, xp,
+               static_cast<XT*>(out));
+  };
+  using BfTag = std::integral_constant<DType, DType::kBF16>;
+  using HTag = std::integral_constant<DType, DType::kF16>;
+  if (act == DType::kBF16) {
+    const auto* xp = static_cast<const __nv_bfloat16*>(x);
+    w_dtype == DType::kBF16 ? go(BfTag{}, xp) : go(HTag{}, xp);
+  } else {
+    const auto* xp = static_cast<const __half*>(x);
+    w_dtype == DType::kBF16 ? go(BfTag{}, xp) : go(HTag{}, xp);
+  }
+  return true;
 }
 
 void launch_dequant_rows(DType dtype, const void* w, int64_t row_bytes, int64_t rows, int64_t k, DType out_dtype,
