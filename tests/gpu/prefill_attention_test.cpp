@@ -1,4 +1,5 @@
-// Prefill attention on BF16 and on F16 pages (prefill_attention_mma.cu:
+// Prefill attention on BF16 and on F16 pages (prefill_wgmma.cu, the Hopper
+// wgmma kernel, where the device and shape allow it; prefill_attention_mma.cu:
 // every block shape and the automatic choice; the wmma fallback; the
 // paged_attention op) against a float64 reference, and the fused QKV norm + RoPE + KV write
 // (qkv_rope.cu: the vectorised kernel and the general one) against the CPU
@@ -6,8 +7,8 @@
 //
 // Not tests: DISABLED_PrefillAttentionBench prints TFLOP/s of one causal
 // prompt of 1k / 2k / 4k / 8k tokens and of 4 x 2k (Llama-3-8B heads: 32 q /
-// 8 kv x 128) for every block shape and both block orders (bf16), and the
-// automatic choice in f16. Run with
+// 8 kv x 128) for every block shape and both block orders (bf16), the wgmma
+// kernel (sm_90) and the automatic choice in f16. Run with
 //   gpu_tests --gtest_also_run_disabled_tests --gtest_filter='*PrefillAttentionBench*'
 #include <cuda_runtime_api.h>
 
@@ -21,6 +22,7 @@
 #include <vector>
 
 #include "backend/cuda/attention/prefill_attention_mma.h"
+#include "backend/cuda/attention/prefill_wgmma.h"
 #include "backend/cuda/kernels.h"
 #include "gpu_test_util.h"
 #include "ops/rope_freq.h"
@@ -32,6 +34,11 @@ struct Heads {
   int hq, hk, hd;
   int window;  // 0: none
 };
+
+// Problem::run's variants for the Hopper wgmma kernel: kWgmma - v is its
+// variant v + 1 (prefill_wgmma.h), down to kWgmmaLast.
+constexpr int kWgmma = -3;
+constexpr int kWgmmaLast = kWgmma - (cuda::kNumPrefillWgmmaVariants - 2);
 
 // One sequence of a step: q_len new tokens after `past` tokens already in
 // the pages (prefix cache hit or earlier chunks).
@@ -107,8 +114,15 @@ class Problem {
     return a;
   }
 
-  // variant -2: through the paged_attention op; -1: the wmma kernel; else
-  // that block shape of the mma kernel (0: its automatic choice).
+  // Whether run(variant) applies here: the wgmma kernel (<= kWgmma) only on
+  // an sm_90 device (with sm_90a code built) and for the shapes it covers.
+  bool runs(int variant) const {
+    return variant > kWgmma || (cuda::prefill_wgmma_available() && cuda::prefill_wgmma_supports(args()));
+  }
+
+  // variant kWgmma - v: variant v + 1 of the Hopper wgmma kernel; -2:
+  // through the paged_attention op; -1: the wmma kernel; else that block
+  // shape of the mma kernel (0: its automatic choice).
   void run(ops::Backend& gpu, int variant) {
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     if (variant == -2) {
@@ -129,6 +143,8 @@ class Problem {
       Tensor out(go_->get(), dt_, {n_, h_.hq, h_.hd}, Device::kCuda);
       gpu.paged_attention(q, kv, b, scale_, h_.window, out);
       gpu.synchronize();
+    } else if (variant <= kWgmma) {
+      cuda::launch_prefill_attention_wgmma(args(), nullptr, kWgmma - variant + 1);
     } else if (variant == -1) {
       cuda::launch_prefill_attention_wmma(args(), nullptr);
     } else {
@@ -234,6 +250,11 @@ class Problem {
 };
 
 std::string tag(Heads h, int bs, int variant) {
+  if (variant <= kWgmma) {
+    return "hq=" + std::to_string(h.hq) + " hk=" + std::to_string(h.hk) + " hd=" + std::to_string(h.hd) +
+           " window=" + std::to_string(h.window) + " bs=" + std::to_string(bs) + " wgmma" +
+           std::to_string(kWgmma - variant + 1);
+  }
   return "hq=" + std::to_string(h.hq) + " hk=" + std::to_string(h.hk) + " hd=" + std::to_string(h.hd) +
          " window=" + std::to_string(h.window) + " bs=" + std::to_string(bs) + " variant=" + std::to_string(variant);
 }
@@ -257,12 +278,14 @@ void every_block_shape_matches_float64(ops::Backend& gpu, DType dt) {
       {{16, 2, 64, 0}, mixed, 32},         // G = 8, hd 64
       {{8, 1, 128, 300}, mixed, 16},       // MQA, window
       {{8, 2, 64, 77}, mixed, 24},         // window, page size not a power of two
+      {{16, 4, 128, 0}, mixed, 24},        // hd 128, page size not a power of two
       {{32, 8, 128, 0}, {{1536, 0}}, 16},  // one long prompt
   };
   uint32_t seed = 11;
   for (const auto& c : cases) {
     Problem pb(gpu, c.h, c.seqs, c.bs, seed += 7, 0.0f, dt);
-    for (int variant = -2; variant < cuda::kNumPrefillMmaVariants; ++variant) {
+    for (int variant = kWgmmaLast; variant < cuda::kNumPrefillMmaVariants; ++variant) {
+      if (!pb.runs(variant)) continue;
       pb.poison();
       pb.run(gpu, variant);
       pb.check(gpu, 41, tag(c.h, c.bs, variant));
@@ -301,7 +324,8 @@ void long_prompts_and_chunks_match_float64(ops::Backend& gpu, DType dt) {
   uint32_t seed = 200;
   for (const auto& c : cases) {
     Problem pb(gpu, c.h, c.seqs, c.bs, seed += 3, 0.0f, dt);
-    for (int variant = -2; variant < cuda::kNumPrefillMmaVariants; ++variant) {
+    for (int variant = kWgmmaLast; variant < cuda::kNumPrefillMmaVariants; ++variant) {
+      if (!pb.runs(variant)) continue;
       pb.poison();
       pb.run(gpu, variant);
       pb.check(gpu, 97, tag(c.h, c.bs, variant));
@@ -313,12 +337,33 @@ TEST_F(PrefillAttention, LongPromptsAndChunks) { long_prompts_and_chunks_match_f
 
 TEST_F(PrefillAttention, LongPromptsAndChunksF16) { long_prompts_and_chunks_match_float64(gpu(), DType::kF16); }
 
+// Row and key tiles of 128 (the wgmma kernel's): prompts and chunks ending
+// just before, on and after tile boundaries, single rows after 127 and 128
+// earlier keys, G = 1 / 4 / 8; the wgmma kernel (where it runs) and the op.
+TEST_F(PrefillAttention, WgmmaTileBoundaries) {
+  const std::vector<Seq> seqs = {{127, 0}, {128, 0},  {129, 0}, {1, 127},   {1, 128}, {31, 97},
+                                 {32, 96}, {33, 224}, {255, 1}, {257, 255}, {2, 0}};
+  uint32_t seed = 400;
+  for (DType dt : {DType::kBF16, DType::kF16}) {
+    for (Heads h : {Heads{8, 8, 128, 0}, Heads{32, 8, 128, 0}, Heads{8, 1, 128, 0}}) {
+      Problem pb(gpu(), h, seqs, 16, seed += 5, 0.0f, dt);
+      for (int variant = kWgmmaLast; variant <= -2; ++variant) {
+        if (!pb.runs(variant)) continue;
+        pb.poison();
+        pb.run(gpu(), variant);
+        pb.check(gpu(), 7, tag(h, 16, variant));
+      }
+    }
+  }
+}
+
 // The same launch twice gives the same bits (a race would show as a moving
 // result), for every block shape.
 TEST_F(PrefillAttention, RepeatableBitForBit) {
   for (DType dt : {DType::kBF16, DType::kF16}) {
     Problem pb(gpu(), {32, 8, 128, 0}, {{1000, 0}, {300, 700}}, 16, 5, 0.0f, dt);
-    for (int variant = 0; variant < cuda::kNumPrefillMmaVariants; ++variant) {
+    for (int variant = kWgmmaLast; variant < cuda::kNumPrefillMmaVariants; ++variant) {
+      if (variant == -2 || variant == -1 || !pb.runs(variant)) continue;
       pb.run(gpu(), variant);
       const auto first = pb.output(gpu());
       pb.poison();
@@ -468,14 +513,18 @@ TEST_F(PrefillAttention, DISABLED_PrefillAttentionBench) {
     for (DType dt : {DType::kBF16, DType::kF16}) {
       Problem pb(gpu(), {32, 8, 128, 0}, c.seqs, 16, 3, 0.0f, dt);
       const auto a = pb.args();
-      // -1: wmma; 2 v + o: mma block shape v in order o.
+      // k <= -2: wgmma variant -1 - k (sm_90 only); -1: wmma; 2 v + o: mma
+      // block shape v in order o.
       const int last = dt == DType::kBF16 ? 2 * cuda::kNumPrefillMmaVariants : 2;
-      for (int k = -1; k < last; ++k) {
-        if (dt == DType::kF16 && k < 0) continue;
+      for (int k = -cuda::kNumPrefillWgmmaVariants; k < last; ++k) {
+        if (dt == DType::kF16 && k == -1) continue;
+        if (k <= -2 && !pb.runs(kWgmma)) continue;
         const int variant = k / 2;
         const auto order = k % 2 == 0 ? cuda::PrefillOrder::kLongestFirst : cuda::PrefillOrder::kPerHead;
         auto launch = [&] {
-          if (k < 0) {
+          if (k <= -2) {
+            cuda::launch_prefill_attention_wgmma(a, nullptr, -1 - k);
+          } else if (k < 0) {
             cuda::launch_prefill_attention_wmma(a, nullptr);
           } else {
             cuda::launch_prefill_attention_mma(a, nullptr, variant, order);
@@ -494,8 +543,8 @@ TEST_F(PrefillAttention, DISABLED_PrefillAttentionBench) {
         }
         std::sort(ms.begin(), ms.end());
         const float med = ms[ms.size() / 2];
-        const std::string name =
-            k < 0 ? "wmma" : "mma" + std::to_string(variant) + (order == cuda::PrefillOrder::kPerHead ? "-ph" : "");
+        std::string name = "mma" + std::to_string(variant) + (order == cuda::PrefillOrder::kPerHead ? "-ph" : "");
+        if (k < 0) name = k <= -2 ? "wgmma" + std::to_string(-1 - k) : "wmma";
         std::printf("%-10s %-6s %-10s %10.3f %10.1f\n", c.name.c_str(), dt == DType::kF16 ? "f16" : "bf16",
                     name.c_str(), med, pb.causal_flops() / (med * 1e-3) / 1e12);
       }

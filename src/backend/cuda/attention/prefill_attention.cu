@@ -1,6 +1,8 @@
 // Paged attention for prefill (and mixed) steps: 16-bit q, out and pages of
 // one type T (BF16 or F16), head_dim 64 or 128. launch_prefill_attention
-// runs the register-resident mma.sync kernel (prefill_attention_mma.cu);
+// runs the Hopper wgmma kernel (prefill_wgmma.cu) where it applies (sm_90
+// device, head_dim 128, no window), else the register-resident mma.sync
+// kernel (prefill_attention_mma.cu);
 // this file keeps the earlier wmma kernel, below, as the fallback for an
 // unaligned out or a scale <= 0 and as the benchmark baseline:
 //
@@ -25,6 +27,7 @@
 #include <cstring>
 
 #include "backend/cuda/attention/prefill_attention_mma.h"
+#include "backend/cuda/attention/prefill_wgmma.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_common.cuh"
 #include "backend/cuda/kernels.h"
@@ -305,7 +308,26 @@ void launch_prefill_attention(const PagedAttentionArgs& a, cudaStream_t stream) 
       const char* e = std::getenv("OSPREY_PREFILL_ORDER");
       return e != nullptr && std::strcmp(e, "per_head") == 0 ? PrefillOrder::kPerHead : PrefillOrder::kLongestFirst;
     }();
-    launch_prefill_attention_mma(a, stream, 0, order);
+    // OSPREY_PREFILL_WGMMA=0: the mma.sync kernel on Hopper too, for an A/B;
+    // =1..3: that variant of the wgmma kernel (prefill_wgmma.h).
+    static const int wgmma_variant = [] {
+      const char* e = std::getenv("OSPREY_PREFILL_WGMMA");
+      if (e == nullptr) return 0;
+      if (std::strcmp(e, "0") == 0) return -1;
+      const int v = std::atoi(e);
+      return v > 0 && v < kNumPrefillWgmmaVariants ? v : 0;
+    }();
+    // Steps of mostly single-token rows (serving's decodes riding along a
+    // prompt chunk) stay on the mma.sync kernel, whose block shapes are
+    // chosen for them: the wgmma kernel's 128-row tiles were measured on
+    // prompts only. The step must average >= 32 query tokens per sequence
+    // (one full tile per KV head at G = 4).
+    const bool prompt_heavy = int64_t{a.num_tokens} >= 32 * int64_t{a.num_seqs};
+    if (wgmma_variant >= 0 && prompt_heavy && prefill_wgmma_supports(a) && prefill_wgmma_available()) {
+      launch_prefill_attention_wgmma(a, stream, wgmma_variant);
+    } else {
+      launch_prefill_attention_mma(a, stream, 0, order);
+    }
   } else {
     launch_prefill_attention_wmma(a, stream);
   }
