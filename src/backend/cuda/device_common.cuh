@@ -27,6 +27,38 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
+// Split-KV merge weights of one output row r (one warp; num_splits <= 64,
+// splits lane and lane + 32): split z left (m_z, l_z) at
+// part_ml[(z * rows + r) * 2 + {0, 1}]; w[i] for split lane + 32 i is
+// exp(m_z - M) / sum_y exp(m_y - M) l_y with M = max m_y, 0 for an empty
+// split, a split >= num_splits or a row no split saw. The decode kernel's
+// in-kernel merge and the combine kernel both use it, so they agree bit for
+// bit. kOtherBlocks: the partials were written by other blocks of the
+// running grid (loads bypass L1).
+template <bool kOtherBlocks>
+__device__ __forceinline__ void split_merge_weights(const float* part_ml, int64_t rows, int64_t r, int num_splits,
+                                                    int lane, float w[2]) {
+  float m[2], l[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int z = lane + 32 * i;
+    const float* p = part_ml + (z * rows + r) * 2;
+    if (z < num_splits) {
+      m[i] = kOtherBlocks ? __ldcg(p) : p[0];
+      l[i] = kOtherBlocks ? __ldcg(p + 1) : p[1];
+    } else {
+      m[i] = -INFINITY;
+      l[i] = 0.0f;
+    }
+  }
+  const float mx = warp_max(fmaxf(m[0], m[1]));
+#pragma unroll
+  for (int i = 0; i < 2; ++i) w[i] = mx == -INFINITY || m[i] == -INFINITY ? 0.0f : expf(m[i] - mx);
+  const float denom = warp_sum(w[0] * l[0] + w[1] * l[1]);
+#pragma unroll
+  for (int i = 0; i < 2; ++i) w[i] = denom > 0.0f && lane + 32 * i < num_splits ? w[i] / denom : 0.0f;
+}
+
 // Sum over the whole block; every thread gets the result. blockDim.x is a
 // multiple of 32 and at most 1024; `shared` holds 32 floats.
 __device__ __forceinline__ float block_sum(float v, float* shared) {

@@ -324,23 +324,10 @@ __device__ __forceinline__ void merge_splits_if_last(const PagedAttentionArgs& a
   // Weights w_z = exp(m_z - M) / sum_z w_z l_z per head (combine_splits' warp 0 part).
   for (int h = warp; h < kG; h += kMmaWarps) {
     const int64_t r = static_cast<int64_t>(token) * a.hq + kvh * kG + h;
-    float m[2], l[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int z = lane + 32 * i;
-      m[i] = z < ns ? __ldcg(a.part_ml + (z * rows + r) * 2) : -INFINITY;
-      l[i] = z < ns ? __ldcg(a.part_ml + (z * rows + r) * 2 + 1) : 0.0f;
-    }
-    const float mx = warp_max(fmaxf(m[0], m[1]));
     float w[2];
+    split_merge_weights<true>(a.part_ml, rows, r, ns, lane, w);
 #pragma unroll
-    for (int i = 0; i < 2; ++i) w[i] = mx == -INFINITY || m[i] == -INFINITY ? 0.0f : expf(m[i] - mx);
-    const float denom = warp_sum(w[0] * l[0] + w[1] * l[1]);
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int z = lane + 32 * i;
-      sw[h * kMaxDecodeSplitsMerged + z] = denom > 0.0f && z < ns ? w[i] / denom : 0.0f;
-    }
+    for (int i = 0; i < 2; ++i) sw[h * kMaxDecodeSplitsMerged + lane + 32 * i] = w[i];
   }
   __syncthreads();
   // out = sum_z w_z acc_z, 4 dims per thread (16-byte loads, kMergeBatch

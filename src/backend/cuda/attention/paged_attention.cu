@@ -228,23 +228,10 @@ __global__ void combine_splits_kernel(const float* __restrict__ part_acc, const 
   const int64_t r = blockIdx.x;  // token * hq + head
   if (threadIdx.x < 32) {
     const int lane = threadIdx.x;
-    float m[2], l[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int z = lane + 32 * i;
-      m[i] = z < num_splits ? part_ml[(z * rows + r) * 2] : -INFINITY;
-      l[i] = z < num_splits ? part_ml[(z * rows + r) * 2 + 1] : 0.0f;
-    }
-    const float mx = warp_max(fmaxf(m[0], m[1]));
     float w[2];
+    split_merge_weights<false>(part_ml, rows, r, num_splits, lane, w);
 #pragma unroll
-    for (int i = 0; i < 2; ++i) w[i] = mx == -INFINITY || m[i] == -INFINITY ? 0.0f : expf(m[i] - mx);
-    const float denom = warp_sum(w[0] * l[0] + w[1] * l[1]);
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int z = lane + 32 * i;
-      if (z < kMaxCombineSplits) sw[z] = denom > 0.0f && z < num_splits ? w[i] / denom : 0.0f;
-    }
+    for (int i = 0; i < 2; ++i) sw[lane + 32 * i] = w[i];  // kMaxCombineSplits = 64 entries
   }
   __syncthreads();
   for (int d = threadIdx.x; d < hd; d += blockDim.x) {
