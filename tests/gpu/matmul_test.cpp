@@ -120,9 +120,10 @@ TEST_F(MatmulTest, QuantisedPanelsCoverEveryRow) {
 // norm ...) in BF16, queued back to back (where the card allows, each kernel
 // starts under programmatic dependent launch before the previous one ends,
 // pdl.cuh) and replayed as a CUDA graph, against the same ops with the
-// stream drained after each one: bit for bit. Intermediates are poisoned
-// (bf16 NaN) before every run, so a kernel that read its input before its
-// producer finished would show.
+// stream drained after each one: bit for bit. Twice: with the gate/up GEMV
+// and silu_mul as two ops, and as the fused matmul_silu_mul (one kernel at
+// one row). Intermediates are poisoned (bf16 NaN) before every run, so a
+// kernel that read its input before its producer finished would show.
 TEST_F(MatmulTest, DecodeChainQueuedEqualsSerialised) {
   const int64_t d = 2048, f = 4096;
   const int layers = 4;
@@ -152,48 +153,55 @@ TEST_F(MatmulTest, DecodeChainQueuedEqualsSerialised) {
     for (DeviceMem* m : {&gnormed, &ggu, &gact, &gproj}) gpu().copy_to_device(m->get(), poison.data(), m->bytes());
     gpu().synchronize();
   };
-  // serial: drain the stream after every op (no two kernels can overlap).
-  auto chain = [&](bool serial) {
-    auto step = [&] {
-      if (serial) gpu().synchronize();
-    };
-    for (int l = 0; l < layers; ++l) {
-      if (l == 0) {
-        gpu().rms_norm(resid, wn, 1e-5f, normed);
-      } else {
-        gpu().add_rms_norm(resid, proj, wn, 1e-5f, normed);
+  for (bool fused : {false, true}) {
+    const std::string what = fused ? "matmul_silu_mul: " : "matmul + silu_mul: ";
+    // serial: drain the stream after every op (no two kernels can overlap).
+    auto chain = [&](bool serial) {
+      auto step = [&] {
+        if (serial) gpu().synchronize();
+      };
+      for (int l = 0; l < layers; ++l) {
+        if (l == 0) {
+          gpu().rms_norm(resid, wn, 1e-5f, normed);
+        } else {
+          gpu().add_rms_norm(resid, proj, wn, 1e-5f, normed);
+        }
+        step();
+        if (fused) {
+          gpu().matmul_silu_mul(normed, wgu, gu, act);
+        } else {
+          gpu().matmul(normed, wgu, Tensor(), gu);
+          step();
+          gpu().silu_mul(gu, act);
+        }
+        step();
+        gpu().matmul(act, wd, Tensor(), proj);
+        step();
       }
-      step();
-      gpu().matmul(normed, wgu, Tensor(), gu);
-      step();
-      gpu().silu_mul(gu, act);
-      step();
-      gpu().matmul(act, wd, Tensor(), proj);
-      step();
-    }
-    gpu().add(resid, proj);
-  };
-  reset();
-  chain(true);
-  const auto want = download<uint16_t>(gpu(), gresid, static_cast<size_t>(d));
-  int finite = 0;
-  for (uint16_t v : want) finite += std::isfinite(bf16_to_f32(v)) ? 1 : 0;
-  ASSERT_EQ(finite, d) << "the serialised chain must give finite values";
-  for (int rep = 0; rep < 5; ++rep) {
+      gpu().add(resid, proj);
+    };
     reset();
-    chain(false);
-    EXPECT_EQ(download<uint16_t>(gpu(), gresid, static_cast<size_t>(d)), want) << "queued run " << rep;
-  }
-  if (gpu().supports_graphs()) {
-    reset();
-    gpu().begin_capture();
-    chain(false);
-    auto graph = gpu().end_capture();
-    ASSERT_NE(graph, nullptr);
+    chain(true);
+    const auto want = download<uint16_t>(gpu(), gresid, static_cast<size_t>(d));
+    int finite = 0;
+    for (uint16_t v : want) finite += std::isfinite(bf16_to_f32(v)) ? 1 : 0;
+    ASSERT_EQ(finite, d) << what << "the serialised chain must give finite values";
     for (int rep = 0; rep < 5; ++rep) {
       reset();
-      graph->launch();
-      EXPECT_EQ(download<uint16_t>(gpu(), gresid, static_cast<size_t>(d)), want) << "graph replay " << rep;
+      chain(false);
+      EXPECT_EQ(download<uint16_t>(gpu(), gresid, static_cast<size_t>(d)), want) << what << "queued run " << rep;
+    }
+    if (gpu().supports_graphs()) {
+      reset();
+      gpu().begin_capture();
+      chain(false);
+      auto graph = gpu().end_capture();
+      ASSERT_NE(graph, nullptr);
+      for (int rep = 0; rep < 5; ++rep) {
+        reset();
+        graph->launch();
+        EXPECT_EQ(download<uint16_t>(gpu(), gresid, static_cast<size_t>(d)), want) << what << "graph replay " << rep;
+      }
     }
   }
 }
