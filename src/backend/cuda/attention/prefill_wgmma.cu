@@ -16,7 +16,8 @@
 //
 // Pipeline per key tile t (kN = 128 keys), all 256 threads copying:
 //   top:    cp.async of K_t and V_{t-1} landed, fence.proxy.async, barrier
-//   issue:  S_t = Q K_t^T, then O += P_{t-1} V_{t-1} (both asynchronous)
+//   issue:  S_t = Q K_t^T, then O += P_{t-1} V_{t-1} (both asynchronous;
+//           kPvLate, the default variant 4: P V only after the copies)
 //   copies: K_{t+1} and V_t gathered through the page table with 16-byte
 //           cp.async (zeros past the block's key range) into two-deep
 //           K and V rings, while the tensor cores work; page-table
@@ -253,7 +254,9 @@ __device__ __forceinline__ void store_rows(const PagedAttentionArgs& a, const fl
 }
 #endif  // OSP_WGMMA_DEVICE
 
-template <bool kF16>
+// kPvLate: P_{t-1} V_{t-1} issued after the copies of tile t (variant 4),
+// else right after S_t (variant 1).
+template <bool kF16, bool kPvLate>
 __global__ void __launch_bounds__(kThreads, 1) prefill_wgmma_kernel(PagedAttentionArgs a, int tiles_per_seq) {
 #if OSP_WGMMA_DEVICE
   using T = std::conditional_t<kF16, __half, __nv_bfloat16>;
@@ -401,14 +404,20 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_wgmma_kernel(PagedAttenti
     __syncthreads();
 
     // S = Q K_t^T, then O += P_{t-1} V_{t-1}, both in flight while this
-    // thread issues the copies of K_{t+1} and V_t below.
+    // thread issues the copies of K_{t+1} and V_t below (kPvLate: P V after
+    // the copies, by when the other warpgroup has usually issued its S too).
     pin_all();
     wgmma::fence();
     issue_s<kF16>(s, q_addr, sbase + kOffK + static_cast<uint32_t>(t & 1) * kKvTile);
-    if constexpr (!kFirst) issue_pv<kF16>(o, pa, sbase + kOffV + static_cast<uint32_t>((t - 1) & 1) * kKvTile);
+    if constexpr (!kFirst && !kPvLate) {
+      issue_pv<kF16>(o, pa, sbase + kOffV + static_cast<uint32_t>((t - 1) & 1) * kKvTile);
+    }
     if (t + 1 < nt) load_tile(kOffK + static_cast<uint32_t>((t + 1) & 1) * kKvTile, (t + 1) % 3, kc);
     load_tile(kOffV + static_cast<uint32_t>(t & 1) * kKvTile, t % 3, vc);
     cp_async_commit();
+    if constexpr (!kFirst && kPvLate) {
+      issue_pv<kF16>(o, pa, sbase + kOffV + static_cast<uint32_t>((t - 1) & 1) * kKvTile);
+    }
     // Page-table entries of tile t + 2, stored into the ring slot of tile
     // t - 1 (last read in iteration t - 1) after this tile's softmax.
     int next_slot = -1;
@@ -466,28 +475,31 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_wgmma_kernel(PagedAttenti
 #endif
 }
 
-// Warp-specialised variant: warpgroup 0 gathers K/V tiles with cp.async
-// into a three-stage ring (K_t and V_t in one stage) and signals each stage
-// on an mbarrier; warpgroups 1 and 2 compute (64 rows each, the same step
-// as above) and hand each stage back on a second mbarrier once P V has
-// read it. No block-wide barrier in the key loop, so the two computing
-// warpgroups drift apart and one's softmax overlaps the other's wgmma;
-// setmaxnreg moves registers from the copying warpgroup to the computing
-// ones.
+// Warp-specialised variant: warpgroup 0 gathers K and V tiles with cp.async
+// into a ring of six tile slots (item 2 t = K_t, item 2 t + 1 = V_t, slot
+// i % 6) and signals each item on its "full" mbarrier once the copies have
+// landed (cp.async.mbarrier.arrive: the copying threads never wait for
+// their copies); warpgroups 1 and 2 compute (64 rows each, the same step as
+// prefill_wgmma_kernel) and hand each item back on its "empty" mbarrier as
+// soon as their wgmma have read it: K_t after S_t, V_{t-1} after
+// P_{t-1} V_{t-1}. A step holds two items (V_{t-1}, K_t), so the copies run
+// up to four items (two tiles) ahead. No block-wide barrier in the key loop:
+// the computing warpgroups drift apart and one's softmax overlaps the
+// other's wgmma; setmaxnreg moves registers from the copying warpgroup to
+// the computing ones.
 constexpr int kWsThreads = 384;
-constexpr int kWsStages = 3;
+constexpr int kWsSlots = 6;          // K or V tiles in the ring
 constexpr int kWsCopyRegs = 56;      // per thread, copying warpgroup
 constexpr int kWsComputeRegs = 224;  // per thread, computing warpgroups
 // setmaxnreg moves registers within the block's allocation at launch (168
 // a thread: 65536 / 384 rounded down to a multiple of 8); asking for more
 // blocks the raising warpgroups for ever.
 static_assert(kWsCopyRegs * 128 + kWsComputeRegs * 256 <= kWsThreads * 168, "register pool of the block");
-constexpr uint32_t kWsOffStage = kOffQ + 2 * kQPanel;  // stage s: K tile, then V tile
-constexpr uint32_t kWsStageBytes = 2 * kKvTile;
-constexpr uint32_t kWsOffBar = kWsOffStage + kWsStages * kWsStageBytes;  // uint64_t full[3], empty[3]
-constexpr uint32_t kWsOffHi = kWsOffBar + 2 * kWsStages * 8;             // int [12]: per-warp largest key bound
+constexpr uint32_t kWsOffSlot = kOffQ + 2 * kQPanel;             // slot s: one K or V tile
+constexpr uint32_t kWsOffBar = kWsOffSlot + kWsSlots * kKvTile;  // uint64_t full[6], empty[6]
+constexpr uint32_t kWsOffHi = kWsOffBar + 2 * kWsSlots * 8;      // int [12]: per-warp largest key bound
 constexpr uint32_t kWsSmemBytes = kWsOffHi + (kWsThreads / 32) * 4 + 1024;
-static_assert(kWsOffStage % 1024 == 0 && kWsStageBytes % 1024 == 0, "swizzle atoms on 1024-byte boundaries");
+static_assert(kWsOffSlot % 1024 == 0 && kKvTile % 1024 == 0, "swizzle atoms on 1024-byte boundaries");
 static_assert(kWsSmemBytes <= 227 * 1024, "shared memory per block");
 
 // kPingpong: the two computing warpgroups take turns to issue their wgmma
@@ -503,8 +515,8 @@ __global__ void __launch_bounds__(kWsThreads, 1) prefill_wgmma_ws_kernel(PagedAt
   unsigned char* smem = smem_raw + pad;
   const uint32_t sbase = raw_addr + pad;
   int* sHi = reinterpret_cast<int*>(smem + kWsOffHi);
-  const uint32_t full_bar = sbase + kWsOffBar;                   // + 8 s: stage s filled
-  const uint32_t empty_bar = sbase + kWsOffBar + kWsStages * 8;  // + 8 s: stage s read
+  const uint32_t full_bar = sbase + kWsOffBar;                  // + 8 s: slot s filled
+  const uint32_t empty_bar = sbase + kWsOffBar + kWsSlots * 8;  // + 8 s: slot s read
 
   const int b = static_cast<int>(blockIdx.x);
   const int per_rank = a.num_seqs * a.hk;
@@ -558,9 +570,9 @@ __global__ void __launch_bounds__(kWsThreads, 1) prefill_wgmma_ws_kernel(PagedAt
   for (int o = 16; o > 0; o >>= 1) whi = max(whi, __shfl_xor_sync(0xffffffffu, whi, o));
   if (lane == 0) sHi[warp] = whi;
   if (tid == 0) {
-    for (int st = 0; st < kWsStages; ++st) {
-      wgmma::mbar_init(full_bar + 8 * st, 128);   // one arrival per copying thread
-      wgmma::mbar_init(empty_bar + 8 * st, 256);  // one arrival per computing thread
+    for (int st = 0; st < kWsSlots; ++st) {
+      wgmma::mbar_init(full_bar + 8 * st, 128);  // one arrival per copying thread
+      wgmma::mbar_init(empty_bar + 8 * st, 8);   // one arrival per computing warp
     }
     wgmma::fence_mbar_init();
   }
@@ -572,13 +584,19 @@ __global__ void __launch_bounds__(kWsThreads, 1) prefill_wgmma_ws_kernel(PagedAt
   for (int w = 0; w < kWsThreads / 32; ++w) tile_hi = max(tile_hi, sHi[w]);
   const int nt = (tile_hi + kN - 1) / kN;
 
+  // Item i (0 .. 2 nt - 1) lives in slot i % kWsSlots; its n-th use of that
+  // slot (n = i / kWsSlots) completes phase n of full (filled) and then of
+  // empty (read). Every phase of a slot's barriers completes in item order
+  // (an item is filled only after the slot's previous item was read, and
+  // read only after it was filled), so a barrier is never two phases ahead
+  // of its waiter and the parity n & 1 names the phase.
   if (wg == 0) {
     // Copying warpgroup: thread p copies chunk p % 16 of keys p / 16 + 8 n
-    // (n = 0..15) of K and V; stage t % 3 is refilled once the computing
-    // warpgroups have handed it back. Stage t - 1 is signalled after stage
-    // t's copies are issued, so two tiles are in flight per thread (with
-    // three stages this cannot deadlock: tile t waits for tile t - 3's
-    // stage, handed back after the computing warpgroups saw tile t - 2).
+    // (n = 0..15) of K_t and then of V_t (the same rows), then has the
+    // hardware arrive on item i's full barrier once they have landed
+    // (.noinc: that arrival is one of the 128 the barrier expects). The
+    // computing threads order those writes before their wgmma reads with
+    // fence.proxy.async after the wait.
     wgmma::regs_dec<kWsCopyRegs>();
     const int32_t* pages = a.block_indices + a.block_indptr[seq];
     const T* kc = static_cast<const T*>(a.k_cache);
@@ -589,35 +607,34 @@ __global__ void __launch_bounds__(kWsThreads, 1) prefill_wgmma_ws_kernel(PagedAt
     const int c = tid & 15;
     const int j0 = tid >> 4;  // 0..7: (key % 8) is j0 for every key of this thread
     const uint32_t dst0 = swz(kN, j0, c);
-    for (int t = 0; t < nt; ++t) {
-      const int st = t % kWsStages;
-      if (t >= kWsStages) wgmma::mbar_wait(empty_bar + 8 * st, ((t / kWsStages) - 1) & 1);
-      unsigned char* dk = smem + kWsOffStage + st * kWsStageBytes;
-      unsigned char* dv = dk + kKvTile;
-#pragma unroll 4
-      for (int n = 0; n < kN / 8; ++n) {
-        const int kp = t * kN + j0 + 8 * n;
-        int row = -1;  // K/V row (slot * hk + kv head) of key kp
-        if (kp < tile_hi) {
-          const int page = bs_pow2 ? kp >> bs_shift : kp / bs;
-          row = (pages[page] * bs + (kp - page * bs)) * a.hk + kvh;
+    const int items = 2 * nt;
+    int rows[kN / 8];  // K/V row (slot * hk + kv head) of this thread's keys of the tile, -1 past tile_hi
+    for (int i = 0; i < items; ++i) {
+      const int st = i % kWsSlots;
+      if (i >= kWsSlots) wgmma::mbar_wait(empty_bar + 8 * st, static_cast<uint32_t>((i / kWsSlots) - 1) & 1u);
+      if ((i & 1) == 0) {
+        const int kb = (i >> 1) * kN;
+#pragma unroll
+        for (int n = 0; n < kN / 8; ++n) {
+          const int kp = kb + j0 + 8 * n;
+          rows[n] = -1;
+          if (kp < tile_hi) {
+            const int page = bs_pow2 ? kp >> bs_shift : kp / bs;
+            rows[n] = (pages[page] * bs + (kp - page * bs)) * a.hk + kvh;
+          }
         }
-        const int64_t off = row >= 0 ? static_cast<int64_t>(row) * kHd + c * 8 : 0;
-        cp_async16(dk + dst0 + n * 8 * 128, kc + off, row >= 0 ? 16 : 0);
-        cp_async16(dv + dst0 + n * 8 * 128, vc + off, row >= 0 ? 16 : 0);
       }
-      cp_async_commit();
-      if (t > 0) {
-        cp_async_wait<1>();
-        wgmma::fence_proxy_async_shared();
-        wgmma::mbar_arrive(full_bar + 8 * ((t - 1) % kWsStages));
+      const T* cache = (i & 1) ? vc : kc;
+      unsigned char* dst = smem + kWsOffSlot + st * kKvTile + dst0;
+#pragma unroll
+      for (int n = 0; n < kN / 8; ++n) {
+        const int64_t off = rows[n] >= 0 ? static_cast<int64_t>(rows[n]) * kHd + c * 8 : 0;
+        cp_async16(dst + n * 8 * 128, cache + off, rows[n] >= 0 ? 16 : 0);
       }
+      wgmma::cp_async_mbar_arrive_noinc(full_bar + 8 * st);
     }
-    if (nt > 0) {
-      cp_async_wait<0>();
-      wgmma::fence_proxy_async_shared();
-      wgmma::mbar_arrive(full_bar + 8 * ((nt - 1) % kWsStages));
-    }
+    cp_async_commit();  // no copy of this thread outlives it
+    cp_async_wait<0>();
   } else {
     wgmma::regs_inc<kWsComputeRegs>();
     const int hi_min = min(hi[0], hi[1]);
@@ -653,36 +670,47 @@ __global__ void __launch_bounds__(kWsThreads, 1) prefill_wgmma_ws_kernel(PagedAt
       if constexpr (kPingpong) asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - cw) : "memory");
     };
     if (nt > 0 && cw == 1) your_turn();
-    auto stage_addr = [&](int t) { return sbase + kWsOffStage + static_cast<uint32_t>(t % kWsStages) * kWsStageBytes; };
-    // One key tile, as in prefill_wgmma_kernel's step, with the stage ring
+    auto item_addr = [&](int i) { return sbase + kWsOffSlot + static_cast<uint32_t>(i % kWsSlots) * kKvTile; };
+    // Waits for item i filled (the caller then orders the copies before its
+    // wgmma reads: fence.proxy.async).
+    auto wait_full = [&](int i) {
+      wgmma::mbar_wait(full_bar + 8 * (i % kWsSlots), static_cast<uint32_t>(i / kWsSlots) & 1u);
+    };
+    // Hands item i back (its wgmma have completed: after the wait_group).
+    auto release = [&](int i) {
+      if (lane == 0) wgmma::mbar_arrive(empty_bar + 8 * (i % kWsSlots));
+    };
+    // One key tile, as in prefill_wgmma_kernel's step, with the item ring
     // in place of the block barrier.
     auto step = [&](const int t, auto first) {
       constexpr bool kFirst = decltype(first)::value;
-      wgmma::mbar_wait(full_bar + 8 * (t % kWsStages), (t / kWsStages) & 1);
+      wait_full(2 * t);
+      if constexpr (!kFirst) wait_full(2 * t - 1);
       wgmma::fence_proxy_async_shared();
       pin_all();
       my_turn();
       wgmma::fence();
-      issue_s<kF16>(s, q_addr, stage_addr(t));
+      issue_s<kF16>(s, q_addr, item_addr(2 * t));
       if constexpr (kFirst) {
         your_turn();
         wgmma::wait<0>();
       } else {
-        issue_pv<kF16>(o, pa, stage_addr(t - 1) + kKvTile);
+        issue_pv<kF16>(o, pa, item_addr(2 * t - 1));
         your_turn();
         wgmma::wait<1>();
       }
       pin_array(s);
+      release(2 * t);  // K_t read
       float alpha[2];
       softmax_tile(s, m, l, alpha, t * kN, hi, hi_min, scale2, t4);
       // The wait for P_{t-1} V_{t-1} in both arms of a block-uniform branch
-      // (see prefill_wgmma_kernel); stage t - 1 is handed back where the
-      // copying warpgroup still needs it (for tile t + 2).
+      // (see prefill_wgmma_kernel); V_{t-1} is handed back where the copying
+      // warpgroup still needs its slot (item 2 t - 1 + kWsSlots < 2 nt).
       if (!kFirst && t + 2 < nt) {
         wgmma::wait<0>();
         pin_all();
         rescale_o(o, alpha);
-        wgmma::mbar_arrive(empty_bar + 8 * ((t - 1) % kWsStages));
+        release(2 * t - 1);
       } else {
         wgmma::wait<0>();
         pin_all();
@@ -693,10 +721,12 @@ __global__ void __launch_bounds__(kWsThreads, 1) prefill_wgmma_ws_kernel(PagedAt
     if (nt > 0) step(0, std::true_type{});
     for (int t = 1; t < nt; ++t) step(t, std::false_type{});
     if (nt > 0) {
+      wait_full(2 * nt - 1);
+      wgmma::fence_proxy_async_shared();
       pin_all();
       my_turn();
       wgmma::fence();
-      issue_pv<kF16>(o, pa, stage_addr(nt - 1) + kKvTile);
+      issue_pv<kF16>(o, pa, item_addr(2 * nt - 1));
       if (cw == 0) your_turn();
       wgmma::wait<0>();
       pin_all();
@@ -748,11 +778,13 @@ void launch_prefill_attention_wgmma(const PagedAttentionArgs& a, cudaStream_t st
   const int64_t blocks = static_cast<int64_t>(a.num_seqs) * tiles * a.hk;
   OSP_CHECK_LE(blocks, int64_t{2147483647});
   const bool f16 = a.act == DType::kF16;
-  auto kernel = f16 ? prefill_wgmma_kernel<true> : prefill_wgmma_kernel<false>;
+  auto kernel = f16 ? prefill_wgmma_kernel<true, false> : prefill_wgmma_kernel<false, false>;
+  if (variant == 4) kernel = f16 ? prefill_wgmma_kernel<true, true> : prefill_wgmma_kernel<false, true>;
   if (variant == 2) kernel = f16 ? prefill_wgmma_ws_kernel<true, false> : prefill_wgmma_ws_kernel<false, false>;
   if (variant == 3) kernel = f16 ? prefill_wgmma_ws_kernel<true, true> : prefill_wgmma_ws_kernel<false, true>;
-  const int threads = variant >= 2 ? kWsThreads : kThreads;
-  const uint32_t smem = variant >= 2 ? kWsSmemBytes : kSmemBytes;
+  const bool ws = variant == 2 || variant == 3;
+  const int threads = ws ? kWsThreads : kThreads;
+  const uint32_t smem = ws ? kWsSmemBytes : kSmemBytes;
   OSP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   kernel<<<static_cast<unsigned>(blocks), threads, smem, stream>>>(a, static_cast<int>(tiles));
   OSP_CUDA_CHECK_LAUNCH();

@@ -177,6 +177,16 @@ __device__ __forceinline__ void mbar_arrive(uint32_t addr) {
   (void)addr;
 #endif
 }
+// One arrival made by the hardware once every cp.async this thread issued
+// before has landed (.noinc: counted among the barrier's expected arrivals;
+// the thread does not wait).
+__device__ __forceinline__ void cp_async_mbar_arrive_noinc(uint32_t addr) {
+#if OSP_WGMMA_DEVICE
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(addr) : "memory");
+#else
+  (void)addr;
+#endif
+}
 // Waits until the phase with the given parity (0 or 1) has completed.
 __device__ __forceinline__ void mbar_wait(uint32_t addr, uint32_t parity) {
 #if OSP_WGMMA_DEVICE

@@ -21,16 +21,20 @@ bool prefill_wgmma_supports(const PagedAttentionArgs& a);
 
 // Kernel variants (all compute the same function): 0 the default (below);
 // 1: two warpgroups of 64 rows that also gather K/V (cp.async, block
-// barrier per key tile); 2: warp-specialised, one warpgroup gathering K/V
-// into a three-stage mbarrier ring for two computing warpgroups; 3: 2 with
-// the computing warpgroups taking turns to issue their wgmma. On an H100
-// (2026-11-26, causal, 32 q / 8 KV heads of 128, bf16) variant 1 measured
-// 204 / 276 / 339 / 373 TFLOP/s at 1k / 2k / 4k / 8k tokens, variant 2
-// 183 / 238 / 274 / 292 and variant 3 191 / 250 / 289 / 312: their copying
-// warpgroup signals a stage only after issuing the next one, about one tile
-// of look-ahead.
-constexpr int kNumPrefillWgmmaVariants = 4;
-constexpr int kPrefillWgmmaDefaultVariant = 1;
+// barrier per key tile), P_{t-1} V_{t-1} issued right after S_t; 4: 1 with
+// P_{t-1} V_{t-1} issued after the copies of tile t (by then the other
+// warpgroup's S_t is usually queued too, so both S products tend to run
+// before either P V); 2: warp-specialised, one
+// warpgroup gathering K and V tiles into a six-slot mbarrier ring (full /
+// empty per slot, arrivals by cp.async.mbarrier.arrive, up to two tiles
+// ahead) for two computing warpgroups that never wait for each other;
+// 3: 2 with the computing warpgroups taking turns to issue their wgmma.
+// On an H100 (2026-11-26, causal, 32 q / 8 KV heads of 128, bf16, one
+// call, gpu_tests' PrefillAttentionBench): variant 4 201 / 291 / 366 / 406
+// TFLOP/s at 1k / 2k / 4k / 8k tokens, variant 1 195 / 271 / 340 / 382,
+// variant 2 195 / 286 / 357 / 398, variant 3 199 / 287 / 360 / 403.
+constexpr int kNumPrefillWgmmaVariants = 5;
+constexpr int kPrefillWgmmaDefaultVariant = 4;
 
 // Preconditions: prefill_wgmma_available(), prefill_wgmma_supports(a), at
 // least one query token. Computes the same function as
