@@ -27,6 +27,7 @@
 #include <cstring>
 
 #include "backend/cuda/attention/prefill_attention_mma.h"
+#include "backend/cuda/attention/prefill_rows.cuh"
 #include "backend/cuda/attention/prefill_wgmma.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_common.cuh"
@@ -82,10 +83,8 @@ __global__ void __launch_bounds__(kThreads) prefill_attention_kernel(PagedAttent
   const int seq = blockIdx.x / tiles_per_seq;
   const int tile = blockIdx.x % tiles_per_seq;
   const int kvh = blockIdx.y;
-  const int group = a.hq / a.hk;
-  const int q_begin = a.q_indptr[seq];
-  const int total_rows = (a.q_indptr[seq + 1] - q_begin) * group;
-  const int row0 = tile * kM;
+  const PrefillRows rows = prefill_rows(a, seq, tile, kM);
+  const auto [group, q_begin, total_rows, row0] = rows;
   if (row0 >= total_rows) return;  // uniform over the block
   const int kv_len = a.kv_lens[seq];
   const int tid = threadIdx.x;
@@ -309,7 +308,7 @@ void launch_prefill_attention(const PagedAttentionArgs& a, cudaStream_t stream) 
       return e != nullptr && std::strcmp(e, "per_head") == 0 ? PrefillOrder::kPerHead : PrefillOrder::kLongestFirst;
     }();
     // OSPREY_PREFILL_WGMMA=0: the mma.sync kernel on Hopper too, for an A/B;
-    // =1..3: that variant of the wgmma kernel (prefill_wgmma.h).
+    // =1..4: that variant of the wgmma kernel (prefill_wgmma.h).
     static const int wgmma_variant = [] {
       const char* e = std::getenv("OSPREY_PREFILL_WGMMA");
       if (e == nullptr) return 0;

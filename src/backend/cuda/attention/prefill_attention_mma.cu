@@ -33,6 +33,7 @@
 
 #include "backend/cuda/attention/mma_ptx.cuh"
 #include "backend/cuda/attention/prefill_attention_mma.h"
+#include "backend/cuda/attention/prefill_rows.cuh"
 #include "backend/cuda/cuda_check.h"
 
 namespace osprey::cuda {
@@ -136,25 +137,18 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
   // (kLongestFirst; every KV head's last tile before any shorter one), or
   // KV head slowest (kPerHead: each head's tiles long to short in turn).
   const int b = static_cast<int>(blockIdx.x);
-  int seq, kvh, rank;
+  int seq, kvh, tile;
   if (order == PrefillOrder::kLongestFirst) {
-    const int per_rank = a.num_seqs * a.hk;
-    rank = b / per_rank;
-    const int rem = b - rank * per_rank;
-    seq = rem / a.hk;
-    kvh = rem - seq * a.hk;
+    prefill_block_longest_first(a, tiles_per_seq, b, seq, kvh, tile);
   } else {
     const int per_head = a.num_seqs * tiles_per_seq;
     kvh = b / per_head;
     const int rem = b - kvh * per_head;
     seq = rem / tiles_per_seq;
-    rank = rem - seq * tiles_per_seq;
+    tile = tiles_per_seq - 1 - (rem - seq * tiles_per_seq);
   }
-  const int tile = tiles_per_seq - 1 - rank;
-  const int group = a.hq / a.hk;
-  const int q_begin = a.q_indptr[seq];
-  const int total_rows = (a.q_indptr[seq + 1] - q_begin) * group;
-  const int row0 = tile * kM;
+  const PrefillRows rows = prefill_rows(a, seq, tile, kM);
+  const auto [group, q_begin, total_rows, row0] = rows;
   if (row0 >= total_rows) return;  // uniform over the block
   const int kv_len = a.kv_lens[seq];
   const int tid = threadIdx.x;
@@ -169,16 +163,8 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
   for (int i = tid; i < kM * kChunks; i += kThreads) {
     const int r = i / kChunks;
     const int c = i - r * kChunks;
-    const int grow = row0 + r;
-    const T* src = q;
-    int bytes = 0;
-    if (grow < total_rows) {
-      const int token = q_begin + grow / group;
-      const int head = kvh * group + grow % group;
-      src = q + (static_cast<int64_t>(token) * a.hq + head) * kHd + c * 8;
-      bytes = 16;
-    }
-    cp_async16(sQ + r * kP + c * 8, src, bytes);
+    const T* src = prefill_q_chunk<T, kHd>(a, rows, kvh, r, c);
+    cp_async16(sQ + r * kP + c * 8, src != nullptr ? src : q, src != nullptr ? 16 : 0);
   }
   cp_async_commit();
 

@@ -46,6 +46,7 @@
 
 #include "backend/cuda/attention/mma_ptx.cuh"
 #include "backend/cuda/attention/prefill_wgmma.cuh"
+#include "backend/cuda/attention/prefill_rows.cuh"
 #include "backend/cuda/attention/prefill_wgmma.h"
 #include "backend/cuda/cuda_check.h"
 
@@ -270,17 +271,10 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_wgmma_kernel(PagedAttenti
 
   // Longest first: the linear block index runs over the row tiles from the
   // last one down, (sequence, KV head) fastest.
-  const int b = static_cast<int>(blockIdx.x);
-  const int per_rank = a.num_seqs * a.hk;
-  const int rank = b / per_rank;
-  const int rem = b - rank * per_rank;
-  const int seq = rem / a.hk;
-  const int kvh = rem - seq * a.hk;
-  const int tile = tiles_per_seq - 1 - rank;
-  const int group = a.hq / a.hk;
-  const int q_begin = a.q_indptr[seq];
-  const int total_rows = (a.q_indptr[seq + 1] - q_begin) * group;
-  const int row0 = tile * kM;
+  int seq, kvh, tile;
+  prefill_block_longest_first(a, tiles_per_seq, static_cast<int>(blockIdx.x), seq, kvh, tile);
+  const PrefillRows rows = prefill_rows(a, seq, tile, kM);
+  const auto [group, q_begin, total_rows, row0] = rows;
   if (row0 >= total_rows) return;  // uniform over the block
   const int kv_len = a.kv_lens[seq];
   const int tid = static_cast<int>(threadIdx.x);
@@ -296,16 +290,8 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_wgmma_kernel(PagedAttenti
   for (int i = tid; i < kM * kChunks; i += kThreads) {
     const int r = i / kChunks;
     const int c = i - r * kChunks;
-    const int grow = row0 + r;
-    const T* src = q;
-    int bytes = 0;
-    if (grow < total_rows) {
-      const int token = q_begin + grow / group;
-      const int head = kvh * group + grow % group;
-      src = q + (static_cast<int64_t>(token) * a.hq + head) * kHd + c * 8;
-      bytes = 16;
-    }
-    cp_async16(smem + kOffQ + swz(kM, r, c), src, bytes);
+    const T* src = prefill_q_chunk<T, kHd>(a, rows, kvh, r, c);
+    cp_async16(smem + kOffQ + swz(kM, r, c), src != nullptr ? src : q, src != nullptr ? 16 : 0);
   }
 
   // Key bound of this thread's two rows (wrow + g, wrow + g + 8): 0 for
@@ -518,17 +504,10 @@ __global__ void __launch_bounds__(kWsThreads, 1) prefill_wgmma_ws_kernel(PagedAt
   const uint32_t full_bar = sbase + kWsOffBar;                  // + 8 s: slot s filled
   const uint32_t empty_bar = sbase + kWsOffBar + kWsSlots * 8;  // + 8 s: slot s read
 
-  const int b = static_cast<int>(blockIdx.x);
-  const int per_rank = a.num_seqs * a.hk;
-  const int rank = b / per_rank;
-  const int rem = b - rank * per_rank;
-  const int seq = rem / a.hk;
-  const int kvh = rem - seq * a.hk;
-  const int tile = tiles_per_seq - 1 - rank;
-  const int group = a.hq / a.hk;
-  const int q_begin = a.q_indptr[seq];
-  const int total_rows = (a.q_indptr[seq + 1] - q_begin) * group;
-  const int row0 = tile * kM;
+  int seq, kvh, tile;
+  prefill_block_longest_first(a, tiles_per_seq, static_cast<int>(blockIdx.x), seq, kvh, tile);
+  const PrefillRows rows = prefill_rows(a, seq, tile, kM);
+  const auto [group, q_begin, total_rows, row0] = rows;
   if (row0 >= total_rows) return;  // uniform over the block
   const int kv_len = a.kv_lens[seq];
   const int tid = static_cast<int>(threadIdx.x);
@@ -544,16 +523,8 @@ __global__ void __launch_bounds__(kWsThreads, 1) prefill_wgmma_ws_kernel(PagedAt
   for (int i = tid; i < kM * kChunks; i += kWsThreads) {
     const int r = i / kChunks;
     const int c = i - r * kChunks;
-    const int grow = row0 + r;
-    const T* src = q;
-    int bytes = 0;
-    if (grow < total_rows) {
-      const int token = q_begin + grow / group;
-      const int head = kvh * group + grow % group;
-      src = q + (static_cast<int64_t>(token) * a.hq + head) * kHd + c * 8;
-      bytes = 16;
-    }
-    cp_async16(smem + kOffQ + swz(kM, r, c), src, bytes);
+    const T* src = prefill_q_chunk<T, kHd>(a, rows, kvh, r, c);
+    cp_async16(smem + kOffQ + swz(kM, r, c), src != nullptr ? src : q, src != nullptr ? 16 : 0);
   }
   cp_async_commit();
 
