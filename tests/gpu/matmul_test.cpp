@@ -208,10 +208,9 @@ TEST_F(MatmulTest, DecodeChainQueuedEqualsSerialised) {
 
 // BF16 activations through cuBLASLt with autotuned plans (gemm/matmul.cpp):
 // a shape's first call times the heuristic's candidates and keeps the
-// fastest; other n of the same bucket (multiple of 8 up to 256, power of
-// two above) reuse the winner; a shape
-// first seen inside graph capture keeps the heuristic's choice. Every such
-// plan must compute the same product: against a float64 reference on the
+// fastest; other n of the same bucket (multiple of 8 up to 512, power of
+// two above) reuse the winner; a shape first seen inside graph capture
+// keeps the heuristic's choice. Every such plan must compute the same product: against a float64 reference on the
 // bf16 values, repeated calls bit for bit, and a graph replay equal to the
 // eager call of its shape.
 TEST_F(MatmulTest, Bf16AutotunedPlansMatchReference) {
@@ -222,8 +221,9 @@ TEST_F(MatmulTest, Bf16AutotunedPlansMatchReference) {
   DeviceMem gw = upload(gpu(), wb);
   Tensor wt(gw.get(), DType::kBF16, {m, k}, Device::kCuda);
   uint32_t seed = 7100;
-  // n: below the tuning threshold, a bucket's first and second shapes, large.
-  for (int64_t n : {12, 100, 128, 65, 600, 1000, 2048}) {
+  // n: below the tuning threshold, a bucket's first and second shapes (also
+  // above 256: 298 and 300 share the bucket 304), large.
+  for (int64_t n : {12, 100, 128, 65, 298, 300, 600, 1000, 2048}) {
     for (DType ot : {DType::kBF16, DType::kF32}) {
       const auto xf = random_floats(static_cast<size_t>(n * k), seed += 2);
       std::vector<uint16_t> xb(xf.size());

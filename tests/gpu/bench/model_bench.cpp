@@ -6,7 +6,7 @@
 // prints figures and asserts nothing. Built as model_bench next to gpu_tests.
 //
 // Usage: model_bench [config name, default llama-3-8b] [dtype, default bfloat16] [--decode-only] [--ctx N]...
-//        [--ttft-reps N]
+//        [--ttft-reps N] [--batch N]...
 // --decode-only skips the TTFT and prefill breakdown (A/B runs of decode
 // switches such as OSPREY_CUDA_NO_PDL=1, which the header line echoes);
 // --ctx N (repeatable, 1..8192) replaces the decode contexts 512, 2048,
@@ -14,6 +14,13 @@
 // (default 5, after 2 warm-up runs) times N back-to-back prefills; above 5
 // it also prints the series and the median of the last 5 (the SM clock
 // ramps and dips under the power cap in the first ~1 s of load).
+// --batch N (repeatable, 1..512, default 1) times a decode step of N
+// sequences, each at every --ctx context with its own KV pages (one token
+// and one logits row per sequence, as the engine's decode steps), and prints
+// the per-op breakdown at every context (batch 1: at 2048 only). Batches run
+// in the order given, so cuBLASLt's tuning buckets see the n's in that order
+// (the engine warms its decode graphs smallest first). Pairs whose KV
+// exceeds kMaxBatchKvBytes are skipped.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -33,13 +40,13 @@ namespace {
 
 using namespace osprey;
 
-#define CK(x)                                                                     \
-  do {                                                                            \
-    cudaError_t e_ = (x);                                                         \
-    if (e_ != cudaSuccess) {                                                      \
+#define CK(x)                                                                                 \
+  do {                                                                                        \
+    cudaError_t e_ = (x);                                                                     \
+    if (e_ != cudaSuccess) {                                                                  \
       std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                               \
-    }                                                                             \
+      std::exit(1);                                                                           \
+    }                                                                                         \
   } while (0)
 
 // Forwards every op to the CUDA backend; when on, brackets each call with
@@ -129,6 +136,8 @@ class ProfilingBackend final : public ops::Backend {
                          const ops::AttentionBatch& a, ops::LayerKv& kv, Tensor& q) override {
     timed("qkv_rope_kv_write", [&] { b_.qkv_rope_kv_write(qkv, qn, kn, eps, rt, a, kv, q); });
   }
+  // Minimum bytes one call of `label` reads (paged_attention: the step's KV).
+  void set_bytes(const std::string& label, double bytes) { bytes_[label] = bytes; }
   double weight_bytes_of(const std::string& label) const {
     auto it = bytes_.find(label);
     return it == bytes_.end() ? 0.0 : it->second;
@@ -167,6 +176,39 @@ int32_t* put(ops::Backend& be, Step& s, const std::vector<int32_t>& v) {
   return static_cast<int32_t*>(p);
 }
 
+// A decode step of `seqs` sequences, one new token each at position
+// ctx - 1; sequence i owns pages [i * pages, (i + 1) * pages) with
+// pages = ceil(ctx / bs); logits of every row.
+Step make_decode_batch(ops::Backend& be, int seqs, int ctx, int bs, int vocab) {
+  Step s;
+  const int pages = (ctx + bs - 1) / bs;
+  std::vector<int32_t> ids, pos, slots, q_indptr{0}, kv_lens, bptr{0}, bidx, rows;
+  for (int i = 0; i < seqs; ++i) {
+    ids.push_back((i * 7919 + 13) % vocab);
+    pos.push_back(ctx - 1);
+    slots.push_back(i * pages * bs + ctx - 1);
+    q_indptr.push_back(i + 1);
+    kv_lens.push_back(ctx);
+    bptr.push_back((i + 1) * pages);
+    for (int p = 0; p < pages; ++p) bidx.push_back(i * pages + p);
+    rows.push_back(i);
+  }
+  s.fb.token_ids = put(be, s, ids);
+  s.fb.attn.num_seqs = seqs;
+  s.fb.attn.num_tokens = seqs;
+  s.fb.attn.max_q_len = 1;
+  s.fb.attn.max_kv_len = ctx;
+  s.fb.attn.q_indptr = put(be, s, q_indptr);
+  s.fb.attn.kv_lens = put(be, s, kv_lens);
+  s.fb.attn.block_indptr = put(be, s, bptr);
+  s.fb.attn.block_indices = put(be, s, bidx);
+  s.fb.attn.positions = put(be, s, pos);
+  s.fb.attn.slot_mapping = put(be, s, slots);
+  s.fb.logit_rows = put(be, s, rows);
+  s.fb.num_logit_rows = seqs;
+  return s;
+}
+
 // A step of `n` new tokens at positions [ctx - n, ctx) of one sequence whose
 // pages are 0, 1, 2, ... (block size bs); logits of the last token.
 Step make_step(ops::Backend& be, int n, int ctx, int bs, int vocab) {
@@ -201,21 +243,27 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-void print_breakdown(ProfilingBackend& prof, const std::map<std::string, std::pair<double, int>>& ops, double copy_gbs) {
+void print_breakdown(ProfilingBackend& prof, const std::map<std::string, std::pair<double, int>>& ops,
+                     double copy_gbs) {
   double total = 0;
   for (const auto& [k, v] : ops) total += v.first;
   std::vector<std::pair<std::string, std::pair<double, int>>> rows(ops.begin(), ops.end());
   std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.first > b.second.first; });
-  std::printf("  %-28s %6s %10s %7s %12s\n", "op", "calls", "ms", "share", "GB/s weights");
+  std::printf("  %-28s %6s %10s %7s %12s\n", "op", "calls", "ms", "share", "GB/s (weights or KV read, % of copy)");
   for (const auto& [k, v] : rows) {
     const double wb = prof.weight_bytes_of(k) * v.second;
     char rate[64] = "";
-    if (wb > 0) std::snprintf(rate, sizeof rate, "%8.0f (%2.0f%%)", wb / (v.first * 1e-3) / 1e9,
-                              100.0 * wb / (v.first * 1e-3) / 1e9 / copy_gbs);
+    if (wb > 0)
+      std::snprintf(rate, sizeof rate, "%8.0f (%2.0f%%)", wb / (v.first * 1e-3) / 1e9,
+                    100.0 * wb / (v.first * 1e-3) / 1e9 / copy_gbs);
     std::printf("  %-28s %6d %10.3f %6.1f%% %s\n", k.c_str(), v.second, v.first, 100.0 * v.first / total, rate);
   }
   std::printf("  %-28s %6s %10.3f (sum of op times)\n", "total", "", total);
 }
+
+// KV bytes one --batch x --ctx pair may hold (Llama-3-8B: 128 KiB/token, so
+// about 300k tokens, e.g. 128 x 2048 or 512 x 512).
+constexpr double kMaxBatchKvBytes = 40e9;
 
 const char* env_or(const char* name, const char* dflt) {
   const char* v = std::getenv(name);
@@ -229,6 +277,7 @@ int main(int argc, char** argv) {
   bool decode_only = false;
   std::vector<int> contexts;
   int ttft_reps = 5;
+  std::vector<int> batches;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--decode-only") {
@@ -237,6 +286,13 @@ int main(int argc, char** argv) {
       ttft_reps = std::atoi(argv[++i]);
       if (ttft_reps < 1 || ttft_reps > 1000) {
         std::fprintf(stderr, "--ttft-reps: 1..1000\n");
+        return 2;
+      }
+    } else if (a == "--batch" && i + 1 < argc) {
+      const int n = std::atoi(argv[++i]);
+      batches.push_back(n);
+      if (n < 1 || n > 512) {
+        std::fprintf(stderr, "--batch: 1..512\n");
         return 2;
       }
     } else if (a == "--ctx" && i + 1 < argc) {
@@ -264,6 +320,10 @@ int main(int argc, char** argv) {
       env_or("OSPREY_DECODE_MIN_KEYS", "(unset)"), env_or("OSPREY_DECODE_MERGE", "(unset)"),
       env_or("OSPREY_FUSED_SILU", "(unset)"));
   if (contexts.empty()) contexts = {512, 2048, 4096, 8192};
+  if (batches.empty()) batches = {1};
+  const std::string env_lt = std::string("OSPREY_LT_AUTOTUNE=") + env_or("OSPREY_LT_AUTOTUNE", "(unset)") +
+                             " OSPREY_LT_FINE_MAX=" + env_or("OSPREY_LT_FINE_MAX", "(unset)");
+  std::printf("env: %s\n", env_lt.c_str());
 
   // Copy bandwidth ceiling: 2 GiB device to device, read + write counted.
   double copy_gbs = 0;
@@ -302,9 +362,19 @@ int main(int argc, char** argv) {
               std::string(dtype_name(model.kv_dtype())).c_str(), static_cast<double>(model.weight_bytes()) / 1e9,
               load_s, model.kv_bytes_per_token());
 
-  const int bs = 16, max_ctx = 8192, prompt = 2048;
-  KvCache kv = model.allocate_kv(max_ctx / bs + 1, bs);
-  model.reserve(prompt, 1);
+  const int bs = 16, prompt = 2048;
+  // A (batch, ctx) pair runs unless its KV is over kMaxBatchKvBytes (batch 1 always runs).
+  auto runs = [&](int b, int ctx) {
+    return b == 1 || static_cast<double>(model.kv_bytes_per_token()) * b * ctx <= kMaxBatchKvBytes;
+  };
+  // Pages for the largest pair that runs (and the 2048-token prompt).
+  int kv_pages = (prompt + bs - 1) / bs;
+  for (int b : batches)
+    for (int ctx : contexts)
+      if (runs(b, ctx)) kv_pages = std::max(kv_pages, b * ((ctx + bs - 1) / bs));
+  KvCache kv = model.allocate_kv(kv_pages + 1, bs);
+  const int max_batch = *std::max_element(batches.begin(), batches.end());
+  model.reserve(std::max(prompt, max_batch), max_batch);
 
   // TTFT: one 2048-token prompt (forward incl. the last row's logits).
   if (!decode_only) {
@@ -339,51 +409,60 @@ int main(int argc, char** argv) {
   // Batch-1 decode at several contexts (KV beyond the prompt is zeros).
   const double embed_bytes = static_cast<double>(c.vocab_size) * c.hidden_size *
                              static_cast<double>(dtype_row_bytes(model.activation_dtype(), 1));
-  std::printf("\nbatch-1 decode (bytes/step = weights without the embedding table + KV read):\n");
-  std::printf("  %8s %10s %8s %10s %7s\n", "context", "ms/step", "tok/s", "GB/step", "MBU");
-  for (int ctx : contexts) {
-    Step s = make_step(be, 1, ctx, bs, c.vocab_size);
-    std::vector<double> t;
-    for (int r = 0; r < 60; ++r) {
-      be.synchronize();
-      const auto t0 = std::chrono::steady_clock::now();
-      model.forward(s.fb, kv);
-      be.synchronize();
-      if (r >= 10) t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-    }
-    const double ms = median(t);
-    const double bytes = static_cast<double>(model.weight_bytes()) - embed_bytes +
-                         static_cast<double>(model.kv_bytes_per_token()) * ctx;
-    // The same step captured in a CUDA graph and replayed (no launch gaps).
-    double gms = 0;
-    if (cuda_be->supports_graphs()) {
-      cuda_be->begin_capture();
-      model.forward(s.fb, kv);
-      auto graph = cuda_be->end_capture();
-      if (graph) {
-        std::vector<double> tg;
-        for (int r = 0; r < 60; ++r) {
-          be.synchronize();
-          const auto t0 = std::chrono::steady_clock::now();
-          graph->launch();
-          be.synchronize();
-          if (r >= 10)
-            tg.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-        }
-        gms = median(tg);
+  for (int batch : batches) {
+    std::printf("\nbatch-%d decode (bytes/step = weights without the embedding table + KV read):\n", batch);
+    std::printf("  %8s %10s %8s %10s %7s\n", "context", "ms/step", "tok/s", "GB/step", "MBU");
+    for (int ctx : contexts) {
+      if (!runs(batch, ctx)) {
+        std::printf("  %8d skipped: KV of %d x %d tokens is over %.0f GB\n", ctx, batch, ctx, kMaxBatchKvBytes / 1e9);
+        continue;
       }
+      Step s =
+          batch == 1 ? make_step(be, 1, ctx, bs, c.vocab_size) : make_decode_batch(be, batch, ctx, bs, c.vocab_size);
+      std::vector<double> t;
+      for (int r = 0; r < 60; ++r) {
+        be.synchronize();
+        const auto t0 = std::chrono::steady_clock::now();
+        model.forward(s.fb, kv);
+        be.synchronize();
+        if (r >= 10)
+          t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+      }
+      const double ms = median(t);
+      const double bytes = static_cast<double>(model.weight_bytes()) - embed_bytes +
+                           static_cast<double>(model.kv_bytes_per_token()) * ctx * batch;
+      // The same step captured in a CUDA graph and replayed (no launch gaps).
+      double gms = 0;
+      if (cuda_be->supports_graphs()) {
+        cuda_be->begin_capture();
+        model.forward(s.fb, kv);
+        auto graph = cuda_be->end_capture();
+        if (graph) {
+          std::vector<double> tg;
+          for (int r = 0; r < 60; ++r) {
+            be.synchronize();
+            const auto t0 = std::chrono::steady_clock::now();
+            graph->launch();
+            be.synchronize();
+            if (r >= 10)
+              tg.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+          }
+          gms = median(tg);
+        }
+      }
+      std::printf("  %8d %10.3f %8.1f %10.2f %6.1f%%   graph replay: %.3f ms/step, %.1f tok/s, MBU %.1f%%\n", ctx, ms,
+                  1000.0 * batch / ms, bytes / 1e9, 100.0 * bytes / (ms * 1e-3) / 1e9 / copy_gbs, gms,
+                  gms > 0 ? 1000.0 * batch / gms : 0, gms > 0 ? 100.0 * bytes / (gms * 1e-3) / 1e9 / copy_gbs : 0);
+      if (ctx == 2048 || batch > 1) {
+        be.set_bytes("paged_attention", static_cast<double>(model.kv_bytes_per_token()) * ctx * batch / c.num_layers);
+        be.on = true;
+        model.forward(s.fb, kv);
+        be.on = false;
+        std::printf("decode breakdown at context %d (event-timed, launch gaps excluded):\n", ctx);
+        print_breakdown(be, be.collect(), copy_gbs);
+      }
+      for (void* p : s.bufs) be.free(p);
     }
-    std::printf("  %8d %10.3f %8.1f %10.2f %6.1f%%   graph replay: %.3f ms/step, %.1f tok/s, MBU %.1f%%\n", ctx, ms,
-                1000.0 / ms, bytes / 1e9, 100.0 * bytes / (ms * 1e-3) / 1e9 / copy_gbs, gms, gms > 0 ? 1000.0 / gms : 0,
-                gms > 0 ? 100.0 * bytes / (gms * 1e-3) / 1e9 / copy_gbs : 0);
-    if (ctx == 2048) {
-      be.on = true;
-      model.forward(s.fb, kv);
-      be.on = false;
-      std::printf("decode breakdown at context %d (event-timed, launch gaps excluded):\n", ctx);
-      print_breakdown(be, be.collect(), copy_gbs);
-    }
-    for (void* p : s.bufs) be.free(p);
   }
   model.free_kv(kv);
   return 0;

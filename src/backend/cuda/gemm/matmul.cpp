@@ -51,14 +51,35 @@ constexpr size_t kLtWorkspaceBytes = size_t{32} << 20;  // == the cuBLAS workspa
 // pick run at n = 100-128 took 92-94 us for down (4096x14336) against
 // 44-45 us when tuned per multiple of 8, 564-614 us for lm_head against
 // 384 us, 27-34 us for o against 15-16 us; the online 100-stream run's ITL
-// p50 went from 9.76 to 8.10 ms (docs/PERF.md). Not timed: calls inside
+// p50 went from 9.76 to 8.10 ms (docs/PERF.md). The same at n = 257-512
+// (H100, 2026-11-26, model_bench --batch 264 --batch 504, Llama-3-8B BF16):
+// with the fine buckets ending at 256, n = 504 ran 264's picks and a decode
+// step at 504 sequences x 320 tokens took 21.5 ms (graph replay) against
+// 19.2 ms with 504's own; offline 128/128 went from 15,962 to 16,808
+// output tok/s. Hence multiples of 8 up to 512 (--max-num-seqs 512 graphs).
+// Not timed: calls inside
 // graph capture (the engine runs every graph's shape eagerly first, so the
 // plan is settled before it is captured) and accumulating calls (beta = 1:
 // repeated runs would change out).
 constexpr int kLtCandidates = 8;
 constexpr int64_t kLtTuneMinRows = 16;
-constexpr int64_t kLtFineTuneMaxRows = 256;
+constexpr int64_t kLtFineTuneMaxRows = 512;
 constexpr int kLtTuneReps = 3;
+
+// OSPREY_LT_FINE_MAX (8..8192, default kLtFineTuneMaxRows): the multiple-of-8
+// buckets end at this n (256 = the earlier policy), for A/B runs. Timing 32
+// candidates instead of 8, and flushing L2 before each timed run, were tried
+// at n = 96-504 on an H100 and changed nothing beyond 0.5% (docs/PERF.md).
+int64_t lt_fine_max_rows() {
+  static const int64_t n = [] {
+    const char* v = std::getenv("OSPREY_LT_FINE_MAX");
+    if (v == nullptr || *v == '\0') return kLtFineTuneMaxRows;
+    char* end = nullptr;
+    const long long x = std::strtoll(v, &end, 10);
+    return (end != nullptr && *end == '\0' && x >= 8 && x <= 8192) ? static_cast<int64_t>(x) : kLtFineTuneMaxRows;
+  }();
+  return n;
+}
 
 // OSPREY_LT_AUTOTUNE=0: no timing, the heuristic's first choice (for A/B
 // runs); =log: also print each timed shape (stderr); =pow2: power-of-two
@@ -83,7 +104,7 @@ int algo_attr(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttribut
 }
 
 int64_t tune_bucket(int64_t n) {
-  if (n <= kLtFineTuneMaxRows && tune_mode() != TuneMode::kPow2) return (n + 7) / 8 * 8;
+  if (n <= lt_fine_max_rows() && tune_mode() != TuneMode::kPow2) return (n + 7) / 8 * 8;
   int64_t b = kLtTuneMinRows;
   while (b < n) b <<= 1;
   return b;
