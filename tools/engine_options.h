@@ -16,27 +16,31 @@
 
 namespace osprey::cli {
 
+// The defaults are EngineConfig's own (one place), except where a flag means
+// something else: --model "default", --max-num-seqs 0 (the command's default).
+inline const EngineConfig kEngineConfigDefaults{};
+
 struct EngineOptions {
   std::string model = "default";  // --model: folder, .gguf, "default"; a config with --load-format dummy
-  std::string tokenizer;          // "" : the model's own
-  std::string device = "cpu";
-  std::string dtype = "auto";
-  std::string kv_cache_dtype = "auto";
-  std::string load_format = "auto";
-  int threads = 0;       // <= 0: all cores
+  std::string tokenizer = kEngineConfigDefaults.tokenizer;  // "" : the model's own
+  std::string device = kEngineConfigDefaults.device;
+  std::string dtype = kEngineConfigDefaults.dtype;
+  std::string kv_cache_dtype = kEngineConfigDefaults.kv_cache_dtype;
+  std::string load_format = kEngineConfigDefaults.load_format;
+  int threads = kEngineConfigDefaults.num_threads;  // <= 0: all cores
   int max_num_seqs = 0;  // 0: the command's default (EngineConfig's 256; bench offline: --num-prompts)
-  int max_num_batched_tokens = 2048;
-  int max_model_len = 0;  // 0: the model's own
-  int block_size = 16;
-  int kv_cache_mb = 1024;
+  int max_num_batched_tokens = kEngineConfigDefaults.max_num_batched_tokens;
+  int max_model_len = kEngineConfigDefaults.max_model_len;  // 0: the model's own
+  int block_size = kEngineConfigDefaults.block_size;
+  int kv_cache_mb = static_cast<int>(kEngineConfigDefaults.kv_cache_bytes >> 20);
   bool kv_cache_mb_set = false;  // --kv-cache-mb given: overrides --gpu-memory-utilization sizing
-  double gpu_memory_utilization = 0.90;
-  int swap_space_mb = 0;
-  bool enforce_eager = false;
-  bool no_async_scheduling = false;
-  bool no_prefix_caching = false;
-  bool no_chunked_prefill = false;
-  bool quantize_activations = false;
+  double gpu_memory_utilization = kEngineConfigDefaults.gpu_memory_utilization;
+  int swap_space_mb = static_cast<int>(kEngineConfigDefaults.swap_space_bytes >> 20);
+  bool enforce_eager = kEngineConfigDefaults.enforce_eager;
+  bool no_async_scheduling = !kEngineConfigDefaults.async_scheduling;
+  bool no_prefix_caching = !kEngineConfigDefaults.enable_prefix_caching;
+  bool no_chunked_prefill = !kEngineConfigDefaults.enable_chunked_prefill;
+  bool quantize_activations = kEngineConfigDefaults.quantize_activations;
 };
 
 // Registers the shared flags on `cmd`, writing into *o (which must outlive
