@@ -273,14 +273,6 @@ void ProfilingBackend::silu_mul(const Tensor& gate_up, Tensor& out) {
   timed("silu_mul", nbytes(gate_up) + nbytes(out), 0, [&] { inner_->silu_mul(gate_up, out); });
 }
 
-void ProfilingBackend::matmul_silu_mul(const Tensor& x, const Tensor& w_gate_up, Tensor& gate_up, Tensor& out) {
-  // Two timed ops in their own groups (the inner backend's two-op path), so
-  // the profile's groups do not depend on whether a backend fuses them (CUDA
-  // does at one row); a profiled batch-1 decode runs the two kernels.
-  matmul(x, w_gate_up, Tensor(), gate_up);
-  silu_mul(gate_up, out);
-}
-
 void ProfilingBackend::kv_write(const Tensor& k, const Tensor& v, const AttentionBatch& batch, LayerKv& kv) {
   const double written = static_cast<double>(k.rows() > 0 ? k.dim(0) : 0) * kv_bytes_per_position(kv);
   timed("kv_write", nbytes(k) + nbytes(v) + written, 0, [&] { inner_->kv_write(k, v, batch, kv); });

@@ -112,7 +112,10 @@ class ProfilingBackend final : public Backend {
   void head_rms_norm(Tensor& x, const Tensor& w, float eps) override;
   void rope(Tensor& q, Tensor& k, const int32_t* positions, const RopeTable& table) override;
   void silu_mul(const Tensor& gate_up, Tensor& out) override;
-  void matmul_silu_mul(const Tensor& x, const Tensor& w_gate_up, Tensor& gate_up, Tensor& out) override;
+  // matmul_silu_mul is not overridden: Backend's default runs this class's
+  // timed matmul and silu_mul, so the profile's groups do not depend on
+  // whether the inner backend fuses them (CUDA does at one row); a profiled
+  // batch-1 decode runs the two kernels.
   void kv_write(const Tensor& k, const Tensor& v, const AttentionBatch& batch, LayerKv& kv) override;
   void paged_attention(const Tensor& q, const LayerKv& kv, const AttentionBatch& batch, float scale, int sliding_window,
                        Tensor& out) override;

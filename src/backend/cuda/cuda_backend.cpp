@@ -297,8 +297,7 @@ void CudaBackend::matmul_silu_mul(const Tensor& x, const Tensor& w_gate_up, Tens
                              x.dtype(), x.data(), out.data(), stream_))
       return;
   }
-  matmul(x, w_gate_up, Tensor(), gate_up);
-  silu_mul(gate_up, out);
+  ops::Backend::matmul_silu_mul(x, w_gate_up, gate_up, out);  // matmul, then silu_mul
 }
 
 void CudaBackend::gather_rows(const Tensor& x, const int32_t* rows, int num_rows, Tensor& out) {
