@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/device_query.h"
 #include "backend/cuda/pdl.cuh"
 
 namespace osprey::cuda {
@@ -30,23 +31,14 @@ __global__ void pdl_probe_kernel() {}
 bool pdl_enabled() {
   // 0: not looked up yet, 1: no, 2: yes (per device ordinal).
   static std::atomic<signed char> state[kMaxDevices] = {};
-  // With one visible device (the usual case) the answer needs no runtime
-  // call after the first: every launch asks, so skip cudaGetDevice there.
-  static const bool single_device = [] {
-    int n = 0;
-    return cudaGetDeviceCount(&n) == cudaSuccess && n == 1;
-  }();
   if (env_disables_pdl()) return false;
-  int dev = 0;
-  if (!single_device) OSP_CUDA_CHECK(cudaGetDevice(&dev));
+  const int dev = current_device();  // every launch asks: no runtime call with one device
   if (dev < 0 || dev >= kMaxDevices) return false;
   signed char s = state[dev].load(std::memory_order_relaxed);
   if (s == 0) {
-    int major = 0;
-    OSP_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
     cudaFuncAttributes fa{};
     OSP_CUDA_CHECK(cudaFuncGetAttributes(&fa, pdl_probe_kernel));
-    s = major >= 9 && fa.ptxVersion >= 90 ? 2 : 1;
+    s = device_sm(dev) >= 90 && fa.ptxVersion >= 90 ? 2 : 1;
     state[dev].store(s, std::memory_order_relaxed);
   }
   return s == 2;

@@ -77,6 +77,7 @@
 #include "backend/cuda/attention/mma_ptx.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_common.cuh"
+#include "backend/cuda/host_util.h"
 #include "backend/cuda/kernels.h"
 
 namespace osprey::cuda {
@@ -647,15 +648,8 @@ void launch_for_group(const PagedAttentionArgs& a, bool mma, cudaStream_t stream
   }
 }
 
-bool aligned16(const void* p) {
-  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
-}
-
 bool simt_forced() {
-  static const bool forced = [] {
-    const char* v = std::getenv("OSPREY_DECODE_ATTENTION");
-    return v != nullptr && std::strcmp(v, "simt") == 0;
-  }();
+  static const bool forced = env_equals("OSPREY_DECODE_ATTENTION", "simt");
   return forced;
 }
 
@@ -684,27 +678,16 @@ static_assert(kMaxDecodeSplits <= kMaxDecodeSplitsMerged, "the in-kernel merge t
 // ms at 2048 (docs/cuda.md).
 constexpr int kMmaMinKeysPerDecodeSplit = 64;
 
-int env_int(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return fallback;
-  char* end = nullptr;
-  const long x = std::strtol(v, &end, 10);
-  return end != v && x >= 0 && x <= INT_MAX ? static_cast<int>(x) : fallback;
-}
-
 int mma_min_keys_per_split() {
   static const int keys = [] {
-    const int k = env_int("OSPREY_DECODE_MIN_KEYS", kMmaMinKeysPerDecodeSplit);
+    const int k = static_cast<int>(env_int("OSPREY_DECODE_MIN_KEYS", 0, INT_MAX, kMmaMinKeysPerDecodeSplit));
     return std::max(kTileKeys, (k + kTileKeys - 1) / kTileKeys * kTileKeys);
   }();
   return keys;
 }
 
 bool merge_kernel_forced() {
-  static const bool forced = [] {
-    const char* v = std::getenv("OSPREY_DECODE_MERGE");
-    return v != nullptr && std::strcmp(v, "kernel") == 0;
-  }();
+  static const bool forced = env_equals("OSPREY_DECODE_MERGE", "kernel");
   return forced;
 }
 

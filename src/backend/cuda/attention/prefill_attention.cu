@@ -31,6 +31,7 @@
 #include "backend/cuda/attention/prefill_wgmma.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_common.cuh"
+#include "backend/cuda/host_util.h"
 #include "backend/cuda/kernels.h"
 
 namespace osprey::cuda {
@@ -270,10 +271,6 @@ void launch_typed(const PagedAttentionArgs& a, cudaStream_t stream) {
   OSP_CUDA_CHECK_LAUNCH();
 }
 
-bool aligned16(const void* p) {
-  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
-}
-
 }  // namespace
 
 bool prefill_attention_supported(const PagedAttentionArgs& a) {
@@ -303,18 +300,13 @@ void launch_prefill_attention(const PagedAttentionArgs& a, cudaStream_t stream) 
   if (a.num_tokens == 0 || a.num_seqs == 0 || a.max_q_len == 0) return;
   if (aligned16(a.out) && a.scale > 0.0f) {  // the mma kernel folds a positive scale into its exponent
     // OSPREY_PREFILL_ORDER=per_head: the earlier block order, for an A/B.
-    static const PrefillOrder order = [] {
-      const char* e = std::getenv("OSPREY_PREFILL_ORDER");
-      return e != nullptr && std::strcmp(e, "per_head") == 0 ? PrefillOrder::kPerHead : PrefillOrder::kLongestFirst;
-    }();
+    static const PrefillOrder order =
+        env_equals("OSPREY_PREFILL_ORDER", "per_head") ? PrefillOrder::kPerHead : PrefillOrder::kLongestFirst;
     // OSPREY_PREFILL_WGMMA=0: the mma.sync kernel on Hopper too, for an A/B;
     // =1..4: that variant of the wgmma kernel (prefill_wgmma.h).
     static const int wgmma_variant = [] {
-      const char* e = std::getenv("OSPREY_PREFILL_WGMMA");
-      if (e == nullptr) return 0;
-      if (std::strcmp(e, "0") == 0) return -1;
-      const int v = std::atoi(e);
-      return v > 0 && v < kNumPrefillWgmmaVariants ? v : 0;
+      const int64_t v = env_int("OSPREY_PREFILL_WGMMA", 0, kNumPrefillWgmmaVariants - 1, -1);
+      return v == 0 ? -1 : v < 0 ? 0 : static_cast<int>(v);  // unset or invalid: the default variant
     }();
     // Steps of mostly single-token rows (serving's decodes riding along a
     // prompt chunk) stay on the mma.sync kernel, whose block shapes are

@@ -45,10 +45,12 @@
 #include <type_traits>
 
 #include "backend/cuda/attention/mma_ptx.cuh"
-#include "backend/cuda/attention/prefill_wgmma.cuh"
 #include "backend/cuda/attention/prefill_rows.cuh"
+#include "backend/cuda/attention/prefill_wgmma.cuh"
 #include "backend/cuda/attention/prefill_wgmma.h"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/device_query.h"
+#include "backend/cuda/host_util.h"
 
 namespace osprey::cuda {
 namespace {
@@ -711,22 +713,11 @@ __global__ void __launch_bounds__(kWsThreads, 1) prefill_wgmma_ws_kernel(PagedAt
 #endif
 }
 
-bool aligned16(const void* p) {
-  return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
-}
-
 }  // namespace
 
 bool prefill_wgmma_available() {
 #if defined(OSPREY_CUDA_SM90A)
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return false;
-  int major = 0, minor = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
-    return false;
-  }
-  return major == 9 && minor == 0;
+  return device_sm(current_device()) == 90;  // asked on every prefill launch: cached per device
 #else
   return false;
 #endif

@@ -14,6 +14,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_common.cuh"
+#include "backend/cuda/host_util.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/pdl.cuh"
 
@@ -264,10 +265,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 }
 
 bool fused_silu_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("OSPREY_FUSED_SILU");
-    return v == nullptr || std::strcmp(v, "0") != 0;
-  }();
+  static const bool on = !env_equals("OSPREY_FUSED_SILU", "0");
   return on;
 }
 
@@ -280,10 +278,6 @@ __global__ void dequant_rows_kernel(const char* __restrict__ w, int64_t row_byte
     const int64_t r = e / k;
     dst[e] = from_float<OT>(load_weight<T>(w + r * row_bytes, e - r * k));
   }
-}
-
-bool aligned16(const void* p) {
-  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
 
 template <DType T, class XT, class OT>

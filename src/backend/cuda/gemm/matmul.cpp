@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_backend_impl.h"
+#include "backend/cuda/host_util.h"
 #include "backend/cuda/kernels.h"
 #include "core/check.h"
 
@@ -71,13 +72,7 @@ constexpr int kLtTuneReps = 3;
 // candidates instead of 8, and flushing L2 before each timed run, were tried
 // at n = 96-504 on an H100 and changed nothing beyond 0.5% (docs/PERF.md).
 int64_t lt_fine_max_rows() {
-  static const int64_t n = [] {
-    const char* v = std::getenv("OSPREY_LT_FINE_MAX");
-    if (v == nullptr || *v == '\0') return kLtFineTuneMaxRows;
-    char* end = nullptr;
-    const long long x = std::strtoll(v, &end, 10);
-    return (end != nullptr && *end == '\0' && x >= 8 && x <= 8192) ? static_cast<int64_t>(x) : kLtFineTuneMaxRows;
-  }();
+  static const int64_t n = env_int("OSPREY_LT_FINE_MAX", 8, 8192, kLtFineTuneMaxRows);
   return n;
 }
 
@@ -87,10 +82,9 @@ int64_t lt_fine_max_rows() {
 enum class TuneMode { kOff, kOn, kLog, kPow2 };
 TuneMode tune_mode() {
   static const TuneMode mode = [] {
-    const char* v = std::getenv("OSPREY_LT_AUTOTUNE");
-    if (v != nullptr && std::strcmp(v, "0") == 0) return TuneMode::kOff;
-    if (v != nullptr && std::strcmp(v, "log") == 0) return TuneMode::kLog;
-    if (v != nullptr && std::strcmp(v, "pow2") == 0) return TuneMode::kPow2;
+    if (env_equals("OSPREY_LT_AUTOTUNE", "0")) return TuneMode::kOff;
+    if (env_equals("OSPREY_LT_AUTOTUNE", "log")) return TuneMode::kLog;
+    if (env_equals("OSPREY_LT_AUTOTUNE", "pow2")) return TuneMode::kPow2;
     return TuneMode::kOn;
   }();
   return mode;

@@ -25,6 +25,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_common.cuh"
+#include "backend/cuda/host_util.h"
 #include "backend/cuda/kernels.h"
 
 namespace osprey::cuda {
@@ -208,10 +209,6 @@ __global__ void __launch_bounds__(kVecThreads) qkv_rope_vec_kernel(QkvRopeArgs a
   KvT* dst = static_cast<KvT*>(is_k ? a.k_cache : a.v_cache) + (static_cast<int64_t>(slot) * a.hk + kvh) * hd;
   store8(dst + 8 * j, v1);
   store8(dst + half + 8 * j, v2);
-}
-
-bool aligned16(const void* p) {
-  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
 
 }  // namespace
