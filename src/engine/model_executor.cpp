@@ -20,6 +20,12 @@ constexpr int kMaxScratchRows = 128;
 
 }  // namespace
 
+int leading_single_token_seqs(const std::vector<int32_t>& q_indptr) {
+  size_t n = 0;
+  while (n + 1 < q_indptr.size() && q_indptr[n + 1] - q_indptr[n] == 1) ++n;
+  return static_cast<int>(n);
+}
+
 int decode_graph_bucket(int n, int max_bucket) {
   if (n <= 0 || n > max_bucket) return 0;
   int b = 1;
@@ -386,6 +392,7 @@ Expected<StepOutput> ModelExecutor::execute_on_host(const StepBatch& b) {
   fb.attn.block_indices = b.block_indices.data();
   fb.attn.positions = b.positions.data();
   fb.attn.slot_mapping = b.slot_mapping.data();
+  fb.attn.num_leading_decodes = leading_single_token_seqs(b.q_indptr);
   fb.logit_rows = b.logit_rows.data();
   fb.num_logit_rows = static_cast<int>(b.logit_rows.size());
   Tensor logits = model_->forward(fb, kv_);
@@ -454,7 +461,9 @@ ForwardBatch ModelExecutor::stage(const StepBatch& b, int padded) {
       backend_->copy_to_device_async(dev<char>(L.edit_ids), host<char>(L.edit_ids), L.edit_vals - L.edit_ids + ne * 4);
     }
   }
-  return device_batch(seqs, tokens, b.max_q_len, b.max_kv_len, num_logit_rows);
+  ForwardBatch fb = device_batch(seqs, tokens, b.max_q_len, b.max_kv_len, num_logit_rows);
+  fb.attn.num_leading_decodes = seqs > n ? seqs : leading_single_token_seqs(b.q_indptr);
+  return fb;
 }
 
 Tensor ModelExecutor::run_graph(int bucket, const ForwardBatch& fb) {

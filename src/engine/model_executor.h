@@ -52,6 +52,10 @@ struct ExecutorOptions {
 // (or n <= 0).
 int decode_graph_bucket(int n, int max_bucket);
 
+// Sequences at the front of a step with exactly one query token each
+// (q_indptr [num_seqs + 1]): AttentionBatch::num_leading_decodes.
+int leading_single_token_seqs(const std::vector<int32_t>& q_indptr);
+
 // KV pool sizing from a memory report (bytes). The pool gets
 //   total * utilization - in_use
 // where in_use = total - free after weights, step buffers and the profiling

@@ -55,6 +55,11 @@ struct AttentionBatch {
   const int32_t* block_indices = nullptr;  // [block_indptr[num_seqs]]
   const int32_t* positions = nullptr;      // [num_tokens]
   const int32_t* slot_mapping = nullptr;   // [num_tokens] page * block_size + row, -1 = skip
+  // Host hint: sequences [0, num_leading_decodes) have exactly one query token
+  // each (token s = sequence s; 0 = not known). A backend may run those rows
+  // of a mixed step through its decode kernel and the rest through its
+  // prefill kernel; the result is the same function either way.
+  int num_leading_decodes = 0;
 };
 
 // One layer's paged KV cache:

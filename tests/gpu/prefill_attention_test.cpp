@@ -137,6 +137,7 @@ class Problem {
       b.block_indices = d_bx_->as<int32_t>();
       b.positions = d_pos_->as<int32_t>();
       b.slot_mapping = d_sl_->as<int32_t>();
+      b.num_leading_decodes = leading_decodes_;
       ops::LayerKv kv{Tensor(gk_->get(), dt_, {pages_, bs_, h_.hk, h_.hd}, Device::kCuda),
                       Tensor(gv_->get(), dt_, {pages_, bs_, h_.hk, h_.hd}, Device::kCuda)};
       Tensor q(gq_->get(), dt_, {n_, h_.hq, h_.hd}, Device::kCuda);
@@ -152,6 +153,9 @@ class Problem {
     }
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   }
+
+  // AttentionBatch::num_leading_decodes for run(-2) (0: not given).
+  void set_leading_decodes(int n) { leading_decodes_ = n; }
 
   // 0xFFFF (a NaN in bf16 and in f16) everywhere, so an unwritten element fails.
   void poison() {
@@ -244,6 +248,7 @@ class Problem {
   DType dt_;
   std::vector<int32_t> q_indptr_{0}, kv_lens_, block_indptr_{0}, block_indices_, positions_;
   int pages_ = 0, max_q_ = 0, max_kv_ = 0, n_ = 0;
+  int leading_decodes_ = 0;
   std::vector<float> k_, v_, q_;
   std::vector<double> ref_;
   std::optional<DeviceMem> gk_, gv_, gq_, go_, d_qi_, d_kl_, d_bi_, d_bx_, d_pos_, d_sl_;
@@ -292,6 +297,41 @@ void every_block_shape_matches_float64(ops::Backend& gpu, DType dt) {
     }
   }
 }
+
+// A mixed step through the op: single-token rows (decodes) first, then
+// prompts and chunks. With num_leading_decodes given, the decodes run in the
+// decode kernel and the rest in the prefill kernels (two launches); without,
+// one prefill launch. Both match float64, and the hint may cover fewer
+// decode rows than there are (the rest stay with the prompts).
+void mixed_step_matches_float64(ops::Backend& gpu, DType dt) {
+  const std::vector<Seq> seqs = {{1, 900},  {1, 2047}, {1, 0},   {1, 130}, {1, 4500},
+                                 {700, 0},  {1, 64},   {99, 300}, {1, 17}};
+  struct Case {
+    Heads h;
+    int bs;
+  };
+  const std::vector<Case> cases = {
+      {{32, 8, 128, 0}, 16},  // Llama-3-8B heads
+      {{8, 8, 128, 0}, 16},   // G = 1
+      {{16, 2, 64, 0}, 32},   // G = 8, hd 64
+      {{8, 1, 128, 300}, 16}, // MQA, window
+      {{16, 4, 128, 0}, 24},  // page size not a power of two
+  };
+  uint32_t seed = 501;
+  for (const auto& c : cases) {
+    Problem pb(gpu, c.h, seqs, c.bs, seed += 7, 0.0f, dt);
+    for (int lead : {0, 5, 3, 1}) {
+      pb.set_leading_decodes(lead);
+      pb.poison();
+      pb.run(gpu, -2);
+      pb.check(gpu, 37, tag(c.h, c.bs, -2) + " leading decodes " + std::to_string(lead));
+    }
+  }
+}
+
+TEST_F(PrefillAttention, MixedStepDecodesSplitOffMatchFloat64) { mixed_step_matches_float64(gpu(), DType::kBF16); }
+
+TEST_F(PrefillAttention, MixedStepDecodesSplitOffMatchFloat64F16) { mixed_step_matches_float64(gpu(), DType::kF16); }
 
 TEST_F(PrefillAttention, EveryBlockShapeMatchesFloat64) {
   every_block_shape_matches_float64(gpu(), DType::kBF16);

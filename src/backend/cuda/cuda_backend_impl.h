@@ -25,6 +25,8 @@
 
 namespace osprey::cuda {
 
+struct PagedAttentionArgs;  // kernels.h
+
 class CudaBackend final : public ops::Backend {
  public:
   // Opens the device; check ok() afterwards (error() says why not).
@@ -96,6 +98,9 @@ class CudaBackend final : public ops::Backend {
   void gemm(const void* w, cudaDataType_t w_type, const void* x, cudaDataType_t x_type, int64_t n, int64_t m, int64_t k,
             float* out, int64_t ldo, bool accumulate);
   const float* device_inv_freq(const ops::RopeTable& table);
+  // paged_attention's split plan and kernel launch for one (sub-)batch
+  // (attention/attention_ops.cpp); decode: one query token per sequence.
+  void run_attention(PagedAttentionArgs& a, bool decode);
   // 16-bit GEMM through cuBLASLt: out[n, ldo] columns [0, m) (out_type BF16,
   // F16 or F32) = x[n, k] @ w[m, k]^T (+ out when accumulate), w and x both
   // of in_type (BF16 or F16), fp32 accumulation.

@@ -42,6 +42,15 @@ TEST(DecodeGraphBucket, PicksTheSmallestBucketAtLeastN) {
   }
 }
 
+TEST(LeadingSingleTokenSeqs, CountsTheOneTokenSequencesAtTheFront) {
+  EXPECT_EQ(leading_single_token_seqs({0}), 0);                 // no sequences
+  EXPECT_EQ(leading_single_token_seqs({}), 0);                  // malformed: nothing
+  EXPECT_EQ(leading_single_token_seqs({0, 1, 2, 3}), 3);        // all decodes
+  EXPECT_EQ(leading_single_token_seqs({0, 1, 2, 50, 51}), 2);   // stops at the prompt
+  EXPECT_EQ(leading_single_token_seqs({0, 40, 41, 42}), 0);     // a prompt first
+  EXPECT_EQ(leading_single_token_seqs({0, 1, 1, 2}), 1);        // an empty sequence ends it
+}
+
 TEST(KvPagesFromMemory, BudgetIsUtilizationMinusInUse) {
   const size_t gib = size_t{1} << 30;
   // 80 GiB card, 10 GiB in use, 90%: 72 - 10 = 62 GiB of 2 MiB pages.

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "backend/cuda/cuda_backend_impl.h"
+#include "backend/cuda/host_util.h"
 #include "backend/cuda/kernels.h"
 #include "core/check.h"
 
@@ -89,41 +90,74 @@ void CudaBackend::paged_attention(const Tensor& q, const ops::LayerKv& kv, const
   a.scale = scale;
   a.window = sliding_window;
   a.out = out.data();
+  // A mixed step whose leading sequences have one query token each (decodes
+  // riding along prompt chunks): those rows go through the decode kernel and
+  // the rest through the prefill kernels, each on its own sub-batch (views of
+  // the same device arrays; token indices stay absolute through q_indptr).
+  // The prefill kernels give single-token rows 64-128-row tiles of one
+  // (sequence, KV head) and read their keys without splits.
+  // OSPREY_MIXED_ATTENTION=joint: one launch for the whole step (A/B).
+  const int lead = batch.num_leading_decodes;
+  static const bool split_mixed = !env_equals("OSPREY_MIXED_ATTENTION", "joint");
+  if (split_mixed && lead > 0 && lead < batch.num_seqs && batch.num_tokens > batch.num_seqs &&
+      options_.attention_splits <= 0) {
+    PagedAttentionArgs d = a;
+    d.num_seqs = lead;
+    d.num_tokens = lead;
+    d.max_q_len = 1;
+    PagedAttentionArgs p = a;
+    p.num_seqs = a.num_seqs - lead;
+    p.num_tokens = a.num_tokens - lead;
+    p.q_indptr += lead;
+    p.kv_lens += lead;
+    p.block_indptr += lead;
+    if (decode_attention_supported(d) && prefill_attention_supported(p)) {
+      run_attention(d, true);
+      run_attention(p, false);
+      return;
+    }
+  }
   // A pure decode step (one query token per sequence, padded sequences
   // included): everything launched depends on num_seqs and the shapes only
   // (graph contract in ops/backend.h); each split takes >= kMinKeysPerSplit
   // keys, so short contexts leave the later splits empty.
   const bool decode = batch.num_tokens == batch.num_seqs && batch.max_q_len <= 1;
   if (decode) a.max_q_len = 1;
+  run_attention(a, decode);
+}
 
+// Plans the splits and launches the kernel for one (sub-)batch; decode: one
+// query token per sequence, token s = sequence s.
+void CudaBackend::run_attention(PagedAttentionArgs& a, bool decode) {
+  const int hq = a.hq, hk = a.hk, hd = a.hd;
   const bool decode_kernel = decode && decode_attention_supported(a);
   int splits = options_.attention_splits;
   if (splits <= 0 && decode_kernel) {
     plan_decode_splits(a, num_sms_);  // the decode kernels' own plan (decode_attention.cu)
     splits = a.num_splits;
   } else if (splits <= 0 && decode) {
-    const int64_t blocks = int64_t{batch.num_seqs} * attention_tiles_per_seq(1, hq / hk) * hk;
+    const int64_t blocks = int64_t{a.num_seqs} * attention_tiles_per_seq(1, hq / hk) * hk;
     splits = static_cast<int>(std::clamp<int64_t>((2 * int64_t{num_sms_} + blocks - 1) / blocks, 1, kMaxSplits));
     a.min_keys_per_split = kMinKeysPerSplit;
   } else if (splits <= 0) {
     // Split the KV range when the tiles alone leave most SMs idle (the
     // tensor-core prefill kernel does not split).
     splits = 1;
-    const int64_t blocks = int64_t{batch.num_seqs} * attention_tiles_per_seq(batch.max_q_len, hq / hk) * hk;
-    if (!prefill_attention_supported(a) && batch.max_kv_len >= 2 * kMinKeysPerSplit &&
+    const int64_t blocks = int64_t{a.num_seqs} * attention_tiles_per_seq(a.max_q_len, hq / hk) * hk;
+    if (!prefill_attention_supported(a) && a.max_kv_len >= 2 * kMinKeysPerSplit &&
         blocks < 2 * int64_t{num_sms_}) {
-      const int64_t by_len = batch.max_kv_len / kMinKeysPerSplit;
+      const int64_t by_len = a.max_kv_len / kMinKeysPerSplit;
       const int64_t by_sms = (2 * int64_t{num_sms_} + blocks - 1) / blocks;
       splits = static_cast<int>(std::clamp<int64_t>(std::min(by_len, by_sms), 1, kMaxSplits));
     }
   }
   a.num_splits = splits;
   if (splits > 1) {
-    const size_t rows = static_cast<size_t>(splits) * static_cast<size_t>(batch.num_tokens) * static_cast<size_t>(hq);
+    const size_t rows = static_cast<size_t>(splits) * static_cast<size_t>(a.num_tokens) * static_cast<size_t>(hq);
     a.part_acc = attn_acc_.reserve_as<float>(rows * static_cast<size_t>(hd), stream_);
     a.part_ml = attn_ml_.reserve_as<float>(rows * 2, stream_);
     // The decode kernel's in-kernel split merge, where the counters suffice.
-    if (decode_kernel && int64_t{batch.num_seqs} * hk <= kDecodeSplitTickets) {
+    if (decode_kernel && int64_t{a.num_seqs} * hk <= kDecodeSplitTickets) {
       a.split_tickets = static_cast<unsigned int*>(decode_tickets_.get());
     }
   }
