@@ -67,7 +67,6 @@
 // sequence's range [lo, hi) and its split's share are computed here from
 // kv_lens and positions in device memory.
 #include <algorithm>
-#include <atomic>
 #include <climits>
 #include <cstdint>
 #include <cstdlib>
@@ -77,6 +76,7 @@
 #include "backend/cuda/attention/mma_ptx.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_common.cuh"
+#include "backend/cuda/device_query.h"
 #include "backend/cuda/host_util.h"
 #include "backend/cuda/kernels.h"
 
@@ -601,18 +601,7 @@ template <int kHd, int kG, class T>
 void launch_mma(const PagedAttentionArgs& a, cudaStream_t stream) {
   constexpr size_t smem = mma_smem_bytes<kHd, kG>();
   auto kernel = mma_decode_kernel<kHd, kG, T>;
-  if constexpr (smem > 48 * 1024) {
-    // Once per device (bit d: device d), so that the graph captures after
-    // the first eager call make no runtime calls beyond the launches.
-    static std::atomic<uint64_t> raised{0};
-    int dev = 0;
-    OSP_CUDA_CHECK(cudaGetDevice(&dev));
-    const uint64_t bit = dev >= 0 && dev < 64 ? uint64_t{1} << dev : 0;
-    if (bit == 0 || (raised.load(std::memory_order_relaxed) & bit) == 0) {
-      OSP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-      raised.fetch_or(bit, std::memory_order_relaxed);
-    }
-  }
+  if constexpr (smem > 48 * 1024) set_max_dynamic_smem_once(kernel, smem);
   const dim3 grid(static_cast<unsigned>(a.num_seqs), static_cast<unsigned>(a.hk), static_cast<unsigned>(a.num_splits));
   kernel<<<grid, kMmaThreads, smem, stream>>>(a);
   OSP_CUDA_CHECK_LAUNCH();

@@ -17,6 +17,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_common.cuh"
+#include "backend/cuda/device_query.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/pdl.cuh"
 
@@ -253,9 +254,7 @@ void launch_typed(const PagedAttentionArgs& a, cudaStream_t stream) {
   OSP_CHECK_LE(blocks_x, int64_t{2147483647});
   constexpr size_t smem = smem_bytes<kHd>();
   auto kernel = paged_attention_kernel<kHd, KvT, QT>;
-  if (smem > 48 * 1024) {
-    OSP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  }
+  if (smem > 48 * 1024) set_max_dynamic_smem_once(kernel, smem);
   const dim3 grid(static_cast<unsigned>(blocks_x), static_cast<unsigned>(a.hk), static_cast<unsigned>(a.num_splits));
   kernel<<<grid, kThreads, smem, stream>>>(a, tiles);
   OSP_CUDA_CHECK_LAUNCH();

@@ -31,6 +31,7 @@
 #include "backend/cuda/attention/prefill_wgmma.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_common.cuh"
+#include "backend/cuda/device_query.h"
 #include "backend/cuda/host_util.h"
 #include "backend/cuda/kernels.h"
 
@@ -265,7 +266,7 @@ void launch_typed(const PagedAttentionArgs& a, cudaStream_t stream) {
   OSP_CHECK_LE(blocks_x, int64_t{2147483647});
   constexpr size_t smem = Layout<kHd>::bytes;
   auto kernel = prefill_attention_kernel<T, kHd>;
-  OSP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  set_max_dynamic_smem_once(kernel, smem);
   const dim3 grid(static_cast<unsigned>(blocks_x), static_cast<unsigned>(a.hk));
   kernel<<<grid, kThreads, smem, stream>>>(a, tiles);
   OSP_CUDA_CHECK_LAUNCH();

@@ -35,6 +35,7 @@
 #include "backend/cuda/attention/prefill_attention_mma.h"
 #include "backend/cuda/attention/prefill_rows.cuh"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/device_query.h"
 
 namespace osprey::cuda {
 namespace {
@@ -465,7 +466,7 @@ void launch_mma_typed(const PagedAttentionArgs& a, cudaStream_t stream, PrefillO
   const int64_t blocks = static_cast<int64_t>(a.num_seqs) * tiles * a.hk;
   OSP_CHECK_LE(blocks, int64_t{2147483647});
   auto kernel = prefill_attention_mma_kernel<T, kHd, kWarps, kR, kN, kQRegs, kMinBlocks>;
-  OSP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(L::bytes)));
+  set_max_dynamic_smem_once(kernel, L::bytes);
   kernel<<<static_cast<unsigned>(blocks), kWarps * 32, L::bytes, stream>>>(a, tiles, order);
   OSP_CUDA_CHECK_LAUNCH();
 }

@@ -747,7 +747,7 @@ void launch_prefill_attention_wgmma(const PagedAttentionArgs& a, cudaStream_t st
   const bool ws = variant == 2 || variant == 3;
   const int threads = ws ? kWsThreads : kThreads;
   const uint32_t smem = ws ? kWsSmemBytes : kSmemBytes;
-  OSP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  set_max_dynamic_smem_once(kernel, smem);
   kernel<<<static_cast<unsigned>(blocks), threads, smem, stream>>>(a, static_cast<int>(tiles));
   OSP_CUDA_CHECK_LAUNCH();
 }
