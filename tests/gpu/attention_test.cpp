@@ -37,11 +37,10 @@ std::vector<uint8_t> random_pages(DType t, size_t count, uint32_t seed) {
   return pack(t, f, 1, static_cast<int64_t>(count));
 }
 
-// Host-side description of one attention step plus its device copy.
-struct Batch {
-  std::vector<int32_t> q_indptr{0}, kv_lens, block_indptr{0}, block_indices, positions, slots;
+// One attention step over `seqs` whose pages are drawn in shuffled order from
+// a pool of num_blocks (3 of them unused); slots address this step's tokens.
+struct Batch : HostAttentionBatch {
   int num_blocks = 0;
-  int max_q_len = 0, max_kv_len = 0;
 
   Batch(const std::vector<SeqSpec>& seqs, int block_size, uint32_t seed) {
     for (const auto& s : seqs) num_blocks += (s.kv_len + block_size - 1) / block_size;
@@ -51,61 +50,10 @@ struct Batch {
     std::shuffle(perm.begin(), perm.end(), std::mt19937(seed));
     size_t next = 0;
     for (const auto& s : seqs) {
-      const int pages = (s.kv_len + block_size - 1) / block_size;
-      const size_t first_page = block_indices.size();
-      for (int p = 0; p < pages; ++p) block_indices.push_back(perm[next++]);
-      block_indptr.push_back(static_cast<int32_t>(block_indices.size()));
-      for (int i = 0; i < s.q_len; ++i) {
-        const int pos = s.kv_len - s.q_len + i;
-        positions.push_back(pos);
-        slots.push_back(block_indices[first_page + static_cast<size_t>(pos / block_size)] * block_size +
-                        pos % block_size);
-      }
-      q_indptr.push_back(static_cast<int32_t>(positions.size()));
-      kv_lens.push_back(s.kv_len);
-      max_q_len = std::max(max_q_len, s.q_len);
-      max_kv_len = std::max(max_kv_len, s.kv_len);
+      const size_t pages = static_cast<size_t>((s.kv_len + block_size - 1) / block_size);
+      add_seq(s.q_len, s.kv_len, std::span<const int32_t>(perm).subspan(next, pages), block_size, true);
+      next += pages;
     }
-  }
-  int num_tokens() const { return static_cast<int>(positions.size()); }
-  int num_seqs() const { return static_cast<int>(kv_lens.size()); }
-
-  ops::AttentionBatch host() const {
-    ops::AttentionBatch b;
-    fill(b);
-    b.q_indptr = q_indptr.data();
-    b.kv_lens = kv_lens.data();
-    b.block_indptr = block_indptr.data();
-    b.block_indices = block_indices.data();
-    b.positions = positions.data();
-    b.slot_mapping = slots.data();
-    return b;
-  }
-  void fill(ops::AttentionBatch& b) const {
-    b.num_seqs = num_seqs();
-    b.num_tokens = num_tokens();
-    b.max_q_len = max_q_len;
-    b.max_kv_len = max_kv_len;
-  }
-};
-
-struct DeviceBatch {
-  DeviceMem q_indptr, kv_lens, block_indptr, block_indices, positions, slots;
-  ops::AttentionBatch b;
-  DeviceBatch(ops::Backend& be, const Batch& h)
-      : q_indptr(upload(be, h.q_indptr)),
-        kv_lens(upload(be, h.kv_lens)),
-        block_indptr(upload(be, h.block_indptr)),
-        block_indices(upload(be, h.block_indices)),
-        positions(upload(be, h.positions)),
-        slots(upload(be, h.slots)) {
-    h.fill(b);
-    b.q_indptr = q_indptr.as<int32_t>();
-    b.kv_lens = kv_lens.as<int32_t>();
-    b.block_indptr = block_indptr.as<int32_t>();
-    b.block_indices = block_indices.as<int32_t>();
-    b.positions = positions.as<int32_t>();
-    b.slot_mapping = slots.as<int32_t>();
   }
 };
 
@@ -130,7 +78,7 @@ void check_attention(ops::Backend& gpu, ops::Backend& cpu, const Config& c, cons
     const ops::AttentionBatch b = h.host();
     cpu.paged_attention(qt, kv, b, scale, window, ot);
   }
-  DeviceBatch db(gpu, h);
+  DeviceAttentionBatch db(gpu, h);
   DeviceMem gk = upload(gpu, kp), gv = upload(gpu, vp), gq = upload(gpu, q);
   DeviceMem go(gpu, std::max<size_t>(1, q.size()) * 4);
   ops::LayerKv kv;
@@ -200,7 +148,7 @@ TEST_F(AttentionTest, ManyDecodeSequences) {
 TEST_F(AttentionTest, EmptyBatchLeavesOutputAlone) {
   const Config c{4, 2, 64, 16, DType::kF32};
   Batch h({}, c.block_size, 1);
-  DeviceBatch db(gpu(), h);
+  DeviceAttentionBatch db(gpu(), h);
   DeviceMem gk(gpu(), 3 * 16 * 2 * 64 * 4), gv(gpu(), 3 * 16 * 2 * 64 * 4), gq(gpu(), 4), go(gpu(), 16);
   std::vector<float> sentinel(4, 9.0f);
   gpu().copy_to_device(go.get(), sentinel.data(), 16);
@@ -250,7 +198,7 @@ std::vector<uint8_t> check_decode16(ops::Backend& gpu, ops::Backend& cpu, DType 
     const ops::AttentionBatch b = h.host();
     cpu.paged_attention(qt, kv, b, scale, window, ot);
   }
-  DeviceBatch db(gpu, h);
+  DeviceAttentionBatch db(gpu, h);
   DeviceMem gk = upload(gpu, kp), gv = upload(gpu, vp), gq = upload(gpu, qb);
   const size_t out_bytes = qb.size();
   std::vector<uint8_t> poison(out_bytes, 0xff);  // NaN in F16 and BF16: every element must be written
@@ -336,7 +284,7 @@ TEST_F(AttentionTest, Decode16SplitMergeRepeatsAndGraphReplays) {
     Batch h(seqs, c.block_size, 77);
     const int64_t n = h.num_tokens();
     const size_t page_elems = static_cast<size_t>(h.num_blocks) * c.block_size * c.hk * c.hd;
-    DeviceBatch db(gpu(), h);
+    DeviceAttentionBatch db(gpu(), h);
     DeviceMem gk = upload(gpu(), random_pages(c.kv_dtype, page_elems, 78));
     DeviceMem gv = upload(gpu(), random_pages(c.kv_dtype, page_elems, 79));
     DeviceMem gq = upload(gpu(), random_pages(c.kv_dtype, static_cast<size_t>(n * c.hq * c.hd), 80));
@@ -419,7 +367,7 @@ TEST_F(AttentionTest, KvWriteMatchesCpu) {
         const ops::AttentionBatch b = h.host();
         cpu().kv_write(kt, vt, b, kv);
       }
-      DeviceBatch db(gpu(), h);
+      DeviceAttentionBatch db(gpu(), h);
       DeviceMem gkp = upload(gpu(), kp), gvp = upload(gpu(), vp), gk = upload(gpu(), k), gv = upload(gpu(), v);
       ops::LayerKv kv;
       kv.k = Tensor(gkp.get(), t, {h.num_blocks, c.block_size, c.hk, c.hd}, Device::kCuda);

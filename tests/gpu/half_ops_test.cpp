@@ -355,25 +355,23 @@ class HalfAttention : public HalfOps {
            const std::string& what) {
     const DType t = act();
     const int bs = 16;
-    std::vector<int32_t> q_indptr = {0}, kv_lens, block_indptr = {0}, block_indices, positions, slots;
-    int pages = 0, max_q = 0, max_kv = 0;
+    // The K/V of this step is already in the pages (slots -1); a sequence's
+    // pages are its own range of the pool, permuted.
+    HostAttentionBatch h;
+    int pages = 0;
     for (auto [nq, past] : seqs) {
       const bool padded = nq == 0;
-      const int q = padded ? 1 : nq;
       const int len = padded ? 0 : past + nq;
       const int np = (len + bs - 1) / bs;
-      for (int i = 0; i < q; ++i) positions.push_back(padded ? 0 : past + i);
-      q_indptr.push_back(q_indptr.back() + q);
-      kv_lens.push_back(len);
-      for (int p = 0; p < np; ++p) block_indices.push_back(pages + (p * 7 + 3) % np);
+      std::vector<int32_t> own(static_cast<size_t>(np));
+      for (int p = 0; p < np; ++p) own[static_cast<size_t>(p)] = pages + (p * 7 + 3) % np;
       pages += np;
-      block_indptr.push_back(static_cast<int32_t>(block_indices.size()));
-      max_q = std::max(max_q, q);
-      max_kv = std::max(max_kv, len);
+      h.add_seq(padded ? 1 : nq, len, own, bs, false);
     }
-    const int n = q_indptr.back();
-    const int num_seqs = static_cast<int>(seqs.size());
-    slots.assign(static_cast<size_t>(n), -1);  // the K/V of this step is already in the pages
+    const int n = h.num_tokens();
+    const int num_seqs = h.num_seqs();
+    const std::vector<int32_t>& q_indptr = h.q_indptr;
+    const std::vector<int32_t>& kv_lens = h.kv_lens;
     const int64_t page_elems = int64_t{bs} * sh.hk * sh.hd;
     const auto kf = round_to(kvt, random_floats(static_cast<size_t>(std::max(pages, 1) * page_elems), 60, -2, 2));
     const auto vf = round_to(kvt, random_floats(static_cast<size_t>(std::max(pages, 1) * page_elems), 61, -2, 2));
@@ -384,44 +382,25 @@ class HalfAttention : public HalfOps {
     // CPU on the non-padded sequences.
     std::vector<float> ref(qf.size(), 0.0f);
     {
-      std::vector<int32_t> cqi = {0}, ckl, cbi = {0}, cbx, cpos;
+      HostAttentionBatch cb;
       std::vector<float> cqv;
       std::vector<int> token_of;  // CPU token -> GPU token
-      int cmax_q = 0, cmax_kv = 0;
       for (int s = 0; s < num_seqs; ++s) {
-        if (kv_lens[static_cast<size_t>(s)] == 0) continue;
+        const int len = kv_lens[static_cast<size_t>(s)];
+        if (len == 0) continue;
         const int t0 = q_indptr[static_cast<size_t>(s)], t1 = q_indptr[static_cast<size_t>(s) + 1];
         for (int tk = t0; tk < t1; ++tk) {
           token_of.push_back(tk);
-          cpos.push_back(positions[static_cast<size_t>(tk)]);
           cqv.insert(cqv.end(), qf.begin() + tk * row, qf.begin() + (tk + 1) * row);
         }
-        cqi.push_back(cqi.back() + (t1 - t0));
-        ckl.push_back(kv_lens[static_cast<size_t>(s)]);
-        cbx.insert(cbx.end(), block_indices.begin() + block_indptr[static_cast<size_t>(s)],
-                   block_indices.begin() + block_indptr[static_cast<size_t>(s) + 1]);
-        cbi.push_back(static_cast<int32_t>(cbx.size()));
-        cmax_q = std::max(cmax_q, t1 - t0);
-        cmax_kv = std::max(cmax_kv, kv_lens[static_cast<size_t>(s)]);
+        cb.add_seq(t1 - t0, len, h.pages_of(s), bs, false);
       }
-      const int nc = static_cast<int>(token_of.size());
-      std::vector<int32_t> cslots(static_cast<size_t>(nc), -1);
+      const int nc = cb.num_tokens();
       std::vector<float> co(cqv.size()), ck = kf, cv = vf;
       ops::LayerKv ckv{Tensor(ck.data(), DType::kF32, {std::max(pages, 1), bs, sh.hk, sh.hd}),
                        Tensor(cv.data(), DType::kF32, {std::max(pages, 1), bs, sh.hk, sh.hd})};
-      ops::AttentionBatch cb;
-      cb.num_seqs = static_cast<int>(ckl.size());
-      cb.num_tokens = nc;
-      cb.max_q_len = cmax_q;
-      cb.max_kv_len = cmax_kv;
-      cb.q_indptr = cqi.data();
-      cb.kv_lens = ckl.data();
-      cb.block_indptr = cbi.data();
-      cb.block_indices = cbx.data();
-      cb.positions = cpos.data();
-      cb.slot_mapping = cslots.data();
       Tensor cq(cqv.data(), DType::kF32, {nc, sh.hq, sh.hd}), cot(co.data(), DType::kF32, {nc, sh.hq, sh.hd});
-      cpu().paged_attention(cq, ckv, cb, scale, sh.window, cot);
+      cpu().paged_attention(cq, ckv, cb.host(), scale, sh.window, cot);
       for (int c = 0; c < nc; ++c)
         std::copy(co.begin() + c * row, co.begin() + (c + 1) * row,
                   ref.begin() + token_of[static_cast<size_t>(c)] * row);
@@ -432,19 +411,8 @@ class HalfAttention : public HalfOps {
     auto be = cuda::make_cuda_backend(o);
     ASSERT_NE(be, nullptr);
     auto gk = upload_as(*be, kvt, kf), gv = upload_as(*be, kvt, vf), gq = upload_as(*be, t, qf);
-    auto d_qi = upload(*be, q_indptr), d_kl = upload(*be, kv_lens), d_bi = upload(*be, block_indptr);
-    auto d_bx = upload(*be, block_indices), d_pos = upload(*be, positions), d_sl = upload(*be, slots);
-    ops::AttentionBatch g;
-    g.num_seqs = num_seqs;
-    g.num_tokens = n;
-    g.max_q_len = max_q;
-    g.max_kv_len = max_kv;
-    g.q_indptr = d_qi.as<int32_t>();
-    g.kv_lens = d_kl.as<int32_t>();
-    g.block_indptr = d_bi.as<int32_t>();
-    g.block_indices = d_bx.as<int32_t>();
-    g.positions = d_pos.as<int32_t>();
-    g.slot_mapping = d_sl.as<int32_t>();
+    const DeviceAttentionBatch db(*be, h);
+    const ops::AttentionBatch& g = db.b;
     ops::LayerKv gkv{dev_tensor(gk, kvt, {std::max(pages, 1), bs, sh.hk, sh.hd}),
                      dev_tensor(gv, kvt, {std::max(pages, 1), bs, sh.hk, sh.hd})};
     // Output poisoned with NaN (0xFFFF in both 16-bit dtypes) so unwritten rows fail.
@@ -462,7 +430,7 @@ class HalfAttention : public HalfOps {
       for (int64_t i = 0; i < row; ++i)
         ASSERT_EQ(got[static_cast<size_t>(tk * row + i)], 0u) << tg << ": padded sequence " << s;
     }
-    if (max_q == 1) {  // decode step: a stale max_kv_len must not change it (graph contract)
+    if (h.max_q_len == 1) {  // decode step: a stale max_kv_len must not change it (graph contract)
       DeviceMem go2(*be, qf.size() * 2);
       Tensor dout2 = dev_tensor(go2, t, {n, sh.hq, sh.hd});
       ops::AttentionBatch g2 = g;
