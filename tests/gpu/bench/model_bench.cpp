@@ -6,7 +6,7 @@
 // prints figures and asserts nothing. Built as model_bench next to gpu_tests.
 //
 // Usage: model_bench [config name, default llama-3-8b] [dtype, default bfloat16] [--decode-only] [--ctx N]...
-//        [--ttft-reps N] [--batch N]...
+//        [--ttft-reps N] [--batch N]... [--pool-gb G] [--scatter] [--mixed P]
 // --decode-only skips the TTFT and prefill breakdown (A/B runs of decode
 // switches such as OSPREY_CUDA_NO_PDL=1, which the header line echoes);
 // --ctx N (repeatable, 1..8192) replaces the decode contexts 512, 2048,
@@ -21,6 +21,15 @@
 // in the order given, so cuBLASLt's tuning buckets see the n's in that order
 // (the engine warms its decode graphs smallest first). Pairs whose KV
 // exceeds kMaxBatchKvBytes are skipped.
+// --pool-gb G (default: just the pages the runs need) allocates a KV pool of
+// G GB (32 layers x K and V, as the engine's pool) and --scatter gives the
+// batched decode steps' sequences pages drawn at random over the whole pool
+// (fixed seed) instead of one contiguous run per sequence: the page layout
+// of a server that has run for a while (A/B for the engine's decode steps).
+// --mixed P adds to every batched decode step (--batch N > 1) one prompt of P
+// new tokens (serving's mixed steps: decodes riding along a prompt chunk;
+// the MBU column then still counts only the decodes' bytes). Run it with
+// OSPREY_MIXED_ATTENTION=joint for the single-launch attention (A/B).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -29,6 +38,7 @@
 #include <cstdlib>
 #include <map>
 #include <numeric>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -177,27 +187,48 @@ int32_t* put(ops::Backend& be, Step& s, const std::vector<int32_t>& v) {
 }
 
 // A decode step of `seqs` sequences, one new token each at position
-// ctx - 1; sequence i owns pages [i * pages, (i + 1) * pages) with
-// pages = ceil(ctx / bs); logits of every row.
-Step make_decode_batch(ops::Backend& be, int seqs, int ctx, int bs, int vocab) {
+// ctx - 1; sequence i owns pages page_of[i * pages + p] for p < pages =
+// ceil(ctx / bs) (page_of empty: pages [i * pages, (i + 1) * pages));
+// logits of every row. mixed > 0 appends a sequence of `mixed` new prompt
+// tokens at positions [0, mixed) on pages first_free, first_free + 1, ...
+// (a prompt riding along the decodes, as serving's mixed steps); its last
+// token gets a logits row.
+Step make_decode_batch(ops::Backend& be, int seqs, int ctx, int bs, int vocab,
+                       const std::vector<int32_t>& page_of = {}, int mixed = 0, int first_free = 0) {
   Step s;
   const int pages = (ctx + bs - 1) / bs;
   std::vector<int32_t> ids, pos, slots, q_indptr{0}, kv_lens, bptr{0}, bidx, rows;
   for (int i = 0; i < seqs; ++i) {
     ids.push_back((i * 7919 + 13) % vocab);
     pos.push_back(ctx - 1);
-    slots.push_back(i * pages * bs + ctx - 1);
+    auto page = [&](int p) { return page_of.empty() ? i * pages + p : page_of[static_cast<size_t>(i * pages + p)]; };
+    slots.push_back(page((ctx - 1) / bs) * bs + (ctx - 1) % bs);
     q_indptr.push_back(i + 1);
     kv_lens.push_back(ctx);
     bptr.push_back((i + 1) * pages);
-    for (int p = 0; p < pages; ++p) bidx.push_back(i * pages + p);
+    for (int p = 0; p < pages; ++p) bidx.push_back(page(p));
     rows.push_back(i);
   }
+  if (mixed > 0) {
+    for (int t = 0; t < mixed; ++t) {
+      ids.push_back((t * 104729 + 7) % vocab);
+      pos.push_back(t);
+      slots.push_back((first_free + t / bs) * bs + t % bs);
+    }
+    q_indptr.push_back(seqs + mixed);
+    kv_lens.push_back(mixed);
+    const int pp = (mixed + bs - 1) / bs;
+    bptr.push_back(bptr.back() + pp);
+    for (int p = 0; p < pp; ++p) bidx.push_back(first_free + p);
+    rows.push_back(seqs + mixed - 1);
+  }
+  const int nseq = seqs + (mixed > 0 ? 1 : 0);
   s.fb.token_ids = put(be, s, ids);
-  s.fb.attn.num_seqs = seqs;
-  s.fb.attn.num_tokens = seqs;
-  s.fb.attn.max_q_len = 1;
-  s.fb.attn.max_kv_len = ctx;
+  s.fb.attn.num_seqs = nseq;
+  s.fb.attn.num_tokens = seqs + mixed;
+  s.fb.attn.max_q_len = std::max(1, mixed);
+  s.fb.attn.max_kv_len = std::max(ctx, mixed);
+  s.fb.attn.num_leading_decodes = seqs;
   s.fb.attn.q_indptr = put(be, s, q_indptr);
   s.fb.attn.kv_lens = put(be, s, kv_lens);
   s.fb.attn.block_indptr = put(be, s, bptr);
@@ -205,7 +236,7 @@ Step make_decode_batch(ops::Backend& be, int seqs, int ctx, int bs, int vocab) {
   s.fb.attn.positions = put(be, s, pos);
   s.fb.attn.slot_mapping = put(be, s, slots);
   s.fb.logit_rows = put(be, s, rows);
-  s.fb.num_logit_rows = seqs;
+  s.fb.num_logit_rows = static_cast<int>(rows.size());
   return s;
 }
 
@@ -263,7 +294,7 @@ void print_breakdown(ProfilingBackend& prof, const std::map<std::string, std::pa
 
 // KV bytes one --batch x --ctx pair may hold (Llama-3-8B: 128 KiB/token, so
 // about 300k tokens, e.g. 128 x 2048 or 512 x 512).
-constexpr double kMaxBatchKvBytes = 40e9;
+constexpr double kMaxBatchKvBytes = 60e9;
 
 const char* env_or(const char* name, const char* dflt) {
   const char* v = std::getenv(name);
@@ -278,6 +309,9 @@ int main(int argc, char** argv) {
   std::vector<int> contexts;
   int ttft_reps = 5;
   std::vector<int> batches;
+  double pool_gb = 0;
+  bool scatter = false;
+  int mixed = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--decode-only") {
@@ -293,6 +327,20 @@ int main(int argc, char** argv) {
       batches.push_back(n);
       if (n < 1 || n > 512) {
         std::fprintf(stderr, "--batch: 1..512\n");
+        return 2;
+      }
+    } else if (a == "--pool-gb" && i + 1 < argc) {
+      pool_gb = std::atof(argv[++i]);
+      if (!(pool_gb > 0 && pool_gb <= 200)) {
+        std::fprintf(stderr, "--pool-gb: (0, 200]\n");
+        return 2;
+      }
+    } else if (a == "--scatter") {
+      scatter = true;
+    } else if (a == "--mixed" && i + 1 < argc) {
+      mixed = std::atoi(argv[++i]);
+      if (mixed < 1 || mixed > 8192) {
+        std::fprintf(stderr, "--mixed: 1..8192\n");
         return 2;
       }
     } else if (a == "--ctx" && i + 1 < argc) {
@@ -371,10 +419,20 @@ int main(int argc, char** argv) {
   int kv_pages = (prompt + bs - 1) / bs;
   for (int b : batches)
     for (int ctx : contexts)
-      if (runs(b, ctx)) kv_pages = std::max(kv_pages, b * ((ctx + bs - 1) / bs));
-  KvCache kv = model.allocate_kv(kv_pages + 1, bs);
+      if (runs(b, ctx)) kv_pages = std::max(kv_pages, b * ((ctx + bs - 1) / bs) + (mixed + bs - 1) / bs);
+  const double page_bytes = static_cast<double>(model.kv_bytes_per_token()) * bs;
+  const int pool_pages = std::max(kv_pages + 1, static_cast<int>(pool_gb * 1e9 / page_bytes));
+  KvCache kv = model.allocate_kv(pool_pages, bs);
+  std::printf("KV pool: %d pages of %d tokens (%.2f GB)%s\n", pool_pages, bs, pool_pages * page_bytes / 1e9,
+              scatter ? ", batched decode pages scattered at random over it" : "");
+  std::vector<int32_t> scattered;  // a random order of the pool's pages (fixed seed)
+  if (scatter) {
+    scattered.resize(static_cast<size_t>(pool_pages));
+    std::iota(scattered.begin(), scattered.end(), 0);
+    std::shuffle(scattered.begin(), scattered.end(), std::mt19937(12345));
+  }
   const int max_batch = *std::max_element(batches.begin(), batches.end());
-  model.reserve(std::max(prompt, max_batch), max_batch);
+  model.reserve(std::max(prompt, max_batch + mixed), max_batch + 1);
 
   // TTFT: one 2048-token prompt (forward incl. the last row's logits).
   if (!decode_only) {
@@ -410,7 +468,8 @@ int main(int argc, char** argv) {
   const double embed_bytes = static_cast<double>(c.vocab_size) * c.hidden_size *
                              static_cast<double>(dtype_row_bytes(model.activation_dtype(), 1));
   for (int batch : batches) {
-    std::printf("\nbatch-%d decode (bytes/step = weights without the embedding table + KV read):\n", batch);
+    std::printf("\nbatch-%d decode%s (bytes/step = weights without the embedding table + KV read):\n", batch,
+                mixed > 0 && batch > 1 ? (" + one " + std::to_string(mixed) + "-token prompt").c_str() : "");
     std::printf("  %8s %10s %8s %10s %7s\n", "context", "ms/step", "tok/s", "GB/step", "MBU");
     for (int ctx : contexts) {
       if (!runs(batch, ctx)) {
@@ -418,7 +477,9 @@ int main(int argc, char** argv) {
         continue;
       }
       Step s =
-          batch == 1 ? make_step(be, 1, ctx, bs, c.vocab_size) : make_decode_batch(be, batch, ctx, bs, c.vocab_size);
+          batch == 1 ? make_step(be, 1, ctx, bs, c.vocab_size)
+                     : make_decode_batch(be, batch, ctx, bs, c.vocab_size, scattered, mixed,
+                                         batch * ((ctx + bs - 1) / bs));
       std::vector<double> t;
       for (int r = 0; r < 60; ++r) {
         be.synchronize();
