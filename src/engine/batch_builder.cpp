@@ -34,6 +34,10 @@ void build_step_batch(SchedulerOutput& sched, int block_size, StepBatch& b) {
   OSP_CHECK(b.swap_out.empty() || b.swap_in.empty());
   b.q_indptr.push_back(0);
   b.block_indptr.push_back(0);
+  // Single-token sequences (decodes) first, each group in scheduling order:
+  // a backend may run a mixed step's leading decodes through its decode
+  // attention kernel (AttentionBatch::num_leading_decodes).
+  std::stable_partition(sched.seqs.begin(), sched.seqs.end(), [](const ScheduledSeq& ss) { return ss.num_new == 1; });
   for (ScheduledSeq& ss : sched.seqs) {
     const Sequence& seq = *ss.seq;
     const int begin = seq.num_computed;
