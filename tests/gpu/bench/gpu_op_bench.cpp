@@ -177,6 +177,7 @@ void decode_attention_sweep(ops::Backend& be, double copy_gbs) {
   for (int batch : {1, 8, 32, 64, 128})
     for (int ctx : {512, 1024, 4096, 16384}) shapes.emplace_back(batch, ctx);
   shapes.emplace_back(56, 544);  // the offline-bench profile point (docs/PERF.md)
+  for (int batch : {68, 91, 96, 120, 200}) shapes.emplace_back(batch, 320);  // serving's decode steps
   auto report = [&](ops::Backend& b, int batch, int ctx, const char* splits) {
     size_t kv_bytes = 0;
     int sets = 0;
@@ -193,7 +194,7 @@ void decode_attention_sweep(ops::Backend& be, double copy_gbs) {
     if (!forced) return;
     const std::string label = std::to_string(splits);
     for (auto [batch, ctx] : {std::pair{1, 16384}, std::pair{8, 4096}, std::pair{32, 512}, std::pair{56, 544},
-                              std::pair{64, 1024}}) {
+                              std::pair{64, 1024}, std::pair{96, 320}, std::pair{200, 320}}) {
       report(*forced, batch, ctx, label.c_str());
     }
   }
