@@ -4,10 +4,12 @@
 // unwritten), near a double-precision reference; more rows take the two-op
 // path. (The batch-1 decode chain with it, queued and as a graph against the
 // serialised ops, is MatmulTest.DecodeChainQueuedEqualsSerialised.)
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 
 #include "gpu_test_util.h"
+#include "ops/rope_freq.h"
 
 namespace osprey::gpu_test {
 namespace {
@@ -85,6 +87,126 @@ TEST_F(FusedDecodeTest, MatmulSiluMulMatchesTwoOpsAndReference) {
   }
   check_matmul_silu_mul(gpu(), DType::kBF16, DType::kBF16, 1, 14336 / 8, 4096, seed += 7);
   check_matmul_silu_mul(gpu(), DType::kBF16, DType::kQ8_0, 1, 64, 256, seed += 7);  // not 16-bit: two ops
+}
+
+// The attention part of decode steps (qkv GEMM -> qkv_rope_kv_write ->
+// paged_attention -> o GEMM -> residual add, three layers), queued back to
+// back and as a CUDA graph, must give bit for bit what the same ops give
+// with the stream drained after each. qkv_rope_kv_write and the decode
+// attention kernel run with programmatic dependent launch: the attention
+// starts copying the K/V of earlier positions before qkv_rope_kv_write has
+// finished. Before every run the pages hold the earlier positions' K/V and
+// NaN in each sequence's new slot, and the activations are NaN, so a read of
+// this step's K/V or q before they are written shows.
+void check_attention_chain(ops::Backend& be, const std::vector<int>& kv_lens, uint32_t seed) {
+  constexpr int hq = 8, hk = 2, hd = 128, bs = 16, d = 512, layers = 3;
+  const int n = static_cast<int>(kv_lens.size());
+  const int qkv_cols = (hq + 2 * hk) * hd;
+  HostAttentionBatch hb;
+  int pages = 0;
+  for (int len : kv_lens) {
+    std::vector<int32_t> p(static_cast<size_t>((len + bs - 1) / bs));
+    for (auto& x : p) x = pages++;
+    std::reverse(p.begin(), p.end());  // not in order
+    hb.add_seq(1, len, p, bs, true);
+  }
+  DeviceAttentionBatch db(be, hb);
+  db.b.num_leading_decodes = n;
+  const size_t page_elems = static_cast<size_t>(pages) * bs * hk * hd;
+  // Earlier positions' K/V: random; every sequence's new slot: NaN.
+  std::vector<std::vector<uint16_t>> k0, v0;
+  for (int l = 0; l < layers; ++l) {
+    k0.push_back(to_bf16(random_floats(page_elems, seed + 10 * l, -1.0f, 1.0f)));
+    v0.push_back(to_bf16(random_floats(page_elems, seed + 10 * l + 1, -1.0f, 1.0f)));
+    for (int32_t slot : hb.slots) {
+      for (int e = 0; e < hk * hd; ++e) {
+        k0.back()[static_cast<size_t>(slot) * hk * hd + e] = 0xffff;
+        v0.back()[static_cast<size_t>(slot) * hk * hd + e] = 0xffff;
+      }
+    }
+  }
+  std::vector<DeviceMem> gk, gv, gwqkv, gwo;
+  std::vector<ops::LayerKv> kv;
+  for (int l = 0; l < layers; ++l) {
+    gk.emplace_back(be, page_elems * 2);
+    gv.emplace_back(be, page_elems * 2);
+    gwqkv.push_back(upload(be, to_bf16(random_floats(static_cast<size_t>(qkv_cols) * d, seed + 100 + l, -0.05f, 0.05f))));
+    gwo.push_back(upload(be, to_bf16(random_floats(static_cast<size_t>(d) * hq * hd, seed + 200 + l, -0.05f, 0.05f))));
+  }
+  for (int l = 0; l < layers; ++l)
+    kv.push_back({dev_tensor(gk[static_cast<size_t>(l)], DType::kBF16, {pages, bs, hk, hd}),
+                  dev_tensor(gv[static_cast<size_t>(l)], DType::kBF16, {pages, bs, hk, hd})});
+  const auto x0 = to_bf16(random_floats(static_cast<size_t>(n) * d, seed + 300, -1.0f, 1.0f));
+  DeviceMem gx(be, x0.size() * 2), gqkv(be, static_cast<size_t>(n) * qkv_cols * 2),
+      gq(be, static_cast<size_t>(n) * hq * hd * 2), gattn(be, static_cast<size_t>(n) * hq * hd * 2),
+      gproj(be, static_cast<size_t>(n) * d * 2);
+  const std::vector<float> inv = ops::make_rope_inv_freq(500000.0f, hd, {});
+  DeviceMem ginv = upload(be, inv);
+  ops::RopeTable rt;
+  rt.inv_freq = ginv.as<float>();
+  rt.rotary_dim = hd;
+  Tensor x = dev_tensor(gx, DType::kBF16, {n, d}), qkv = dev_tensor(gqkv, DType::kBF16, {n, qkv_cols});
+  Tensor q = dev_tensor(gq, DType::kBF16, {n, hq, hd}), attn = dev_tensor(gattn, DType::kBF16, {n, hq, hd});
+  Tensor attn2 = dev_tensor(gattn, DType::kBF16, {n, hq * hd}), proj = dev_tensor(gproj, DType::kBF16, {n, d});
+  const std::vector<uint16_t> poison(static_cast<size_t>(n) * qkv_cols, 0xffff);
+  auto reset = [&] {
+    be.copy_to_device(gx.get(), x0.data(), x0.size() * 2);
+    for (int l = 0; l < layers; ++l) {
+      be.copy_to_device(gk[static_cast<size_t>(l)].get(), k0[static_cast<size_t>(l)].data(), page_elems * 2);
+      be.copy_to_device(gv[static_cast<size_t>(l)].get(), v0[static_cast<size_t>(l)].data(), page_elems * 2);
+    }
+    for (DeviceMem* m : {&gqkv, &gq, &gattn, &gproj}) be.copy_to_device(m->get(), poison.data(), m->bytes());
+    be.synchronize();
+  };
+  auto chain = [&](bool serial) {
+    auto step = [&] {
+      if (serial) be.synchronize();
+    };
+    for (int l = 0; l < layers; ++l) {
+      be.matmul(x, dev_tensor(gwqkv[static_cast<size_t>(l)], DType::kBF16, {qkv_cols, d}), Tensor(), qkv);
+      step();
+      be.qkv_rope_kv_write(qkv, Tensor(), Tensor(), 1e-6f, rt, db.b, kv[static_cast<size_t>(l)], q);
+      step();
+      be.paged_attention(q, kv[static_cast<size_t>(l)], db.b, 1.0f / std::sqrt(static_cast<float>(hd)), 0, attn);
+      step();
+      be.matmul(attn2, dev_tensor(gwo[static_cast<size_t>(l)], DType::kBF16, {d, hq * hd}), Tensor(), proj);
+      step();
+      be.add(x, proj);
+      step();
+    }
+  };
+  const std::string what = "attention chain, " + std::to_string(n) + " sequences";
+  reset();
+  chain(true);
+  const auto want = download<uint16_t>(be, gx, x0.size());
+  int finite = 0;
+  for (uint16_t v : want) finite += std::isfinite(bf16_to_f32(v)) ? 1 : 0;
+  ASSERT_EQ(finite, static_cast<int>(want.size())) << what << ": the serialised chain must give finite values";
+  for (int rep = 0; rep < 3; ++rep) {
+    reset();
+    chain(false);
+    EXPECT_EQ(download<uint16_t>(be, gx, x0.size()), want) << what << ", queued run " << rep;
+  }
+  if (be.supports_graphs()) {
+    reset();
+    be.begin_capture();
+    chain(false);
+    auto graph = be.end_capture();
+    ASSERT_NE(graph, nullptr);
+    for (int rep = 0; rep < 3; ++rep) {
+      reset();
+      graph->launch();
+      EXPECT_EQ(download<uint16_t>(be, gx, x0.size()), want) << what << ", graph replay " << rep;
+    }
+  }
+}
+
+TEST_F(FusedDecodeTest, AttentionChainQueuedEqualsSerialised) {
+  check_attention_chain(gpu(), {700}, 8100);                      // batch 1: the GEMV chain, split KV
+  check_attention_chain(gpu(), {700, 33, 1, 256, 1500, 17}, 8200);  // short, one-token and long contexts
+  std::vector<int> many(40);
+  for (size_t i = 0; i < many.size(); ++i) many[i] = 64 + 37 * static_cast<int>(i);
+  check_attention_chain(gpu(), many, 8300);  // cuBLASLt GEMMs around it
 }
 
 }  // namespace

@@ -28,6 +28,14 @@ __global__ void pdl_probe_kernel() {}
 
 }  // namespace
 
+bool attention_pdl_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("OSPREY_ATTENTION_PDL");
+    return v == nullptr || std::strcmp(v, "0") != 0;
+  }();
+  return on;
+}
+
 bool pdl_enabled() {
   // 0: not looked up yet, 1: no, 2: yes (per device ordinal).
   static std::atomic<signed char> state[kMaxDevices] = {};

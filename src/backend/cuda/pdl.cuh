@@ -52,11 +52,17 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 // is compiled out) and OSPREY_CUDA_NO_PDL unset or "0". Cached per device.
 bool pdl_enabled();
 
+// OSPREY_ATTENTION_PDL=0 leaves out the attention inputs' programmatic
+// edges (qkv_rope_kv_write and the decode attention kernel launch the
+// ordinary way; A/B switch); the rest of the chain keeps them.
+bool attention_pdl_enabled();
+
 // kernel<<<grid, block, smem, stream>>>(args...), with the programmatic
-// stream serialization attribute where pdl_enabled(). Checks the launch.
+// stream serialization attribute where `on` and pdl_enabled(). Checks the
+// launch.
 template <class... Params, class... Args>
-void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                Args&&... args) {
+void launch_pdl_if(bool on, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                   Args&&... args) {
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
@@ -66,8 +72,15 @@ void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, c
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cfg.attrs = attr;
-  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  cfg.numAttrs = on && pdl_enabled() ? 1 : 0;
   OSP_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
+
+// launch_pdl_if(true, ...).
+template <class... Params, class... Args>
+void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                Args&&... args) {
+  launch_pdl_if(true, kernel, grid, block, smem, stream, std::forward<Args>(args)...);
 }
 
 }  // namespace osprey::cuda

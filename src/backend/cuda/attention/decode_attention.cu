@@ -79,6 +79,7 @@
 #include "backend/cuda/device_query.h"
 #include "backend/cuda/host_util.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/pdl.cuh"
 
 namespace osprey::cuda {
 namespace {
@@ -394,6 +395,11 @@ __global__ void __launch_bounds__(kMmaThreads) mma_decode_kernel(PagedAttentionA
   const int g = lane / 4;  // MMA row: query head kvh * kG + g (g < kG)
   const int qd = lane % 4;
   const int token = seq;  // decode: q_indptr is the identity (file comment)
+  // Programmatic dependent launch (launch_mma): up to pdl_wait below, only
+  // host-written arrays (lengths, positions, page tables) and the K/V of
+  // positions before the step's own token (written by earlier steps; this
+  // step's qkv_rope_kv_write writes only position kv_len - 1 of each
+  // sequence) are read, and nothing is written.
   const int kv_len = a.kv_lens[seq];
   const int pos = a.positions[token];
   int hi = min(pos + 1, kv_len);
@@ -405,6 +411,7 @@ __global__ void __launch_bounds__(kMmaThreads) mma_decode_kernel(PagedAttentionA
   const int my_lo = min(hi, lo + split * chunk);
   const int my_hi = min(hi, my_lo + chunk);
   if (a.num_splits > 1 && my_lo == my_hi) {
+    pdl_wait();
     // A split past the context: the merge gives it weight 0 and reads only (m, l).
     if (threadIdx.x < kG) {
       const int64_t idx = (static_cast<int64_t>(split) * a.num_tokens + token) * a.hq + kvh * kG + threadIdx.x;
@@ -420,21 +427,6 @@ __global__ void __launch_bounds__(kMmaThreads) mma_decode_kernel(PagedAttentionA
   const int num_tiles = (my_hi - my_lo + kTileKeys - 1) / kTileKeys;
   const int my_tiles = num_tiles > warp ? (num_tiles - warp + kMmaWarps - 1) / kMmaWarps : 0;
 
-  // Q as the A operand (row g), as given (the scale goes on the fp32 scores).
-  uint32_t qa[kKSteps][2];
-  {
-    const T* q = static_cast<const T*>(a.q) + (static_cast<int64_t>(token) * a.hq + kvh * kG) * kHd;
-#pragma unroll
-    for (int kk = 0; kk < kKSteps; ++kk) {
-      qa[kk][0] = 0u;
-      qa[kk][1] = 0u;
-      if (g < kG) {
-        const T* r = q + g * kHd + 16 * kk + 2 * qd;
-        qa[kk][0] = M::pack(to_float(r[0]), to_float(r[1]));
-        qa[kk][1] = M::pack(to_float(r[8]), to_float(r[9]));
-      }
-    }
-  }
   const float score_scale = a.scale * kLog2e;  // scores in the log2 domain
 
   const int32_t* pages = a.block_indices + a.block_indptr[seq];
@@ -474,10 +466,37 @@ __global__ void __launch_bounds__(kMmaThreads) mma_decode_kernel(PagedAttentionA
 #pragma unroll
   for (int n = 0; n < kNTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
 
+  // The first stages' copies; those of tiles wholly before the step's own
+  // token (key pos, or the window's end) start before pdl_wait.
+  // pdl_wait is reached by every thread of the warp together (the tile
+  // bounds are warp-uniform).
+  bool waited = false;
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
+    const int tile_end = my_lo + (warp + s * kMmaWarps + 1) * kTileKeys;  // one past the tile's last key
+    if (!waited && (s >= my_tiles || tile_end > pos)) {
+      pdl_wait();
+      waited = true;
+    }
     if (s < my_tiles) issue(s, lookup(s));
     cp_async_commit();
+  }
+  if (!waited) pdl_wait();
+
+  // Q as the A operand (row g), as given (the scale goes on the fp32 scores).
+  uint32_t qa[kKSteps][2];
+  {
+    const T* q = static_cast<const T*>(a.q) + (static_cast<int64_t>(token) * a.hq + kvh * kG) * kHd;
+#pragma unroll
+    for (int kk = 0; kk < kKSteps; ++kk) {
+      qa[kk][0] = 0u;
+      qa[kk][1] = 0u;
+      if (g < kG) {
+        const T* r = q + g * kHd + 16 * kk + 2 * qd;
+        qa[kk][0] = M::pack(to_float(r[0]), to_float(r[1]));
+        qa[kk][1] = M::pack(to_float(r[8]), to_float(r[9]));
+      }
+    }
   }
   int slot_next = lookup(kStages - 1);
   for (int i = 0; i < my_tiles; ++i) {
@@ -603,8 +622,9 @@ void launch_mma(const PagedAttentionArgs& a, cudaStream_t stream) {
   auto kernel = mma_decode_kernel<kHd, kG, T>;
   if constexpr (smem > 48 * 1024) set_max_dynamic_smem_once(kernel, smem);
   const dim3 grid(static_cast<unsigned>(a.num_seqs), static_cast<unsigned>(a.hk), static_cast<unsigned>(a.num_splits));
-  kernel<<<grid, kMmaThreads, smem, stream>>>(a);
-  OSP_CUDA_CHECK_LAUNCH();
+  // Programmatic dependent launch: the copies of earlier positions' K/V
+  // start while qkv_rope_kv_write (which triggers at its start) still runs.
+  launch_pdl_if(attention_pdl_enabled(), kernel, grid, dim3(kMmaThreads), smem, stream, a);
 }
 
 // ---- selection -------------------------------------------------------------------

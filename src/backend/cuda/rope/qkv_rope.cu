@@ -20,6 +20,12 @@
 // a decode step still spreads over SMs. Lane j owns dims j + 32 * c of the
 // head, c < kChunks, so the rotation partners i and i + rotary_dim / 2 are
 // owned by lanes of the same warp and exchanged through shared memory.
+//
+// Both are launched with programmatic dependent launch (pdl.cuh): they let
+// the next kernel (the decode attention, which starts its K/V copies of the
+// earlier positions) become resident at once, and the vec kernel computes
+// its angles (positions and inv_freq: host-written) before pdl_wait; q/k/v
+// are read only after it.
 #include <algorithm>
 #include <cstdint>
 
@@ -27,6 +33,7 @@
 #include "backend/cuda/device_common.cuh"
 #include "backend/cuda/host_util.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/pdl.cuh"
 
 namespace osprey::cuda {
 namespace {
@@ -38,6 +45,8 @@ constexpr int kChunks = kMaxHd / 32;
 template <class T, class KvT>
 __global__ void __launch_bounds__(kWarps * 32) qkv_rope_kernel(QkvRopeArgs a) {
   __shared__ float buf[kWarps][kMaxHd];
+  pdl_launch_dependents();
+  pdl_wait();
   const int64_t t = blockIdx.x;
   const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
@@ -147,23 +156,25 @@ __global__ void __launch_bounds__(kVecThreads) qkv_rope_vec_kernel(QkvRopeArgs a
   const int item = blockIdx.y * kVecThreads + threadIdx.x;
   const int h = item / lanes;  // >= heads past the last item (whole heads: items is a multiple of lanes)
   const int j = item - h * lanes;
+  pdl_launch_dependents();
+  // Before pdl_wait only host-written inputs (slots, positions, inv_freq).
   const int32_t slot = a.slot_mapping[t];
   const bool is_q = h < a.hq;
   const bool is_k = !is_q && h < a.hq + a.hk;
   // Inactive: past the last head, or K/V of a skipped slot (nothing to write).
   const bool active = item < items && (is_q || (slot >= 0 && slot < a.num_slots));
-  // Loads first, so that their latency overlaps the angles below.
-  float v1[8], v2[8];  // dims 8j + e and half + 8j + e
-  if (active) {
-    const T* src = static_cast<const T*>(a.qkv) + (t * heads + h) * static_cast<int64_t>(hd);
-    load8_act<T>(src + 8 * j, v1);
-    load8_act<T>(src + half + 8 * j, v2);
-  }
   const float pos = static_cast<float>(a.positions[t]);
   for (int i = threadIdx.x; i < half; i += blockDim.x) {
     const float angle = pos * a.inv_freq[i];
     s_cos[i] = cosf(angle) * a.attention_scaling;
     s_sin[i] = sinf(angle) * a.attention_scaling;
+  }
+  pdl_wait();
+  float v1[8], v2[8];  // dims 8j + e and half + 8j + e
+  if (active) {
+    const T* src = static_cast<const T*>(a.qkv) + (t * heads + h) * static_cast<int64_t>(hd);
+    load8_act<T>(src + 8 * j, v1);
+    load8_act<T>(src + half + 8 * j, v2);
   }
   __syncthreads();
   if (!active) return;
@@ -225,19 +236,20 @@ void launch_qkv_rope_kv_write(const QkvRopeArgs& a, cudaStream_t stream) {
     const int chunks = (heads * lanes + kVecThreads - 1) / kVecThreads;
     const dim3 grid(static_cast<unsigned>(a.n), static_cast<unsigned>(chunks));
     OSP_DISPATCH_ACT(a.act, T, {
-      OSP_DISPATCH_FLOAT(a.cache_dtype, KvT, { qkv_rope_vec_kernel<T, KvT><<<grid, kVecThreads, 0, stream>>>(a); });
+      OSP_DISPATCH_FLOAT(a.cache_dtype, KvT, {
+        launch_pdl_if(attention_pdl_enabled(), qkv_rope_vec_kernel<T, KvT>, grid, dim3(kVecThreads), 0, stream, a);
+      });
     });
-    OSP_CUDA_CHECK_LAUNCH();
     return;
   }
   const int threads = 32 * std::min(kWarps, heads);
   const dim3 grid(static_cast<unsigned>(a.n), static_cast<unsigned>((heads + kWarps - 1) / kWarps));
   OSP_DISPATCH_ACT(a.act, T, {
     OSP_DISPATCH_FLOAT(a.cache_dtype, KvT, {
-      qkv_rope_kernel<T, KvT><<<grid, threads, 0, stream>>>(a);
+      launch_pdl_if(attention_pdl_enabled(), qkv_rope_kernel<T, KvT>, grid, dim3(static_cast<unsigned>(threads)), 0,
+                    stream, a);
     });
   });
-  OSP_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace osprey::cuda
