@@ -5,7 +5,10 @@
 // graphs captured from such a stream keep the programmatic edges.
 //
 // Which kernels use it: the decode chain's own (gemm/gemv.cu, norm/,
-// elementwise/ embedding, add, SiLU-and-mul). A kernel launched the ordinary
+// elementwise/ embedding, add, SiLU-and-mul) and the attention inputs
+// (rope/qkv_rope.cu, then the tensor-core kernel of
+// attention/decode_attention.cu, whose pre-wait reads are the K/V of
+// positions written by earlier steps; OSPREY_ATTENTION_PDL=0 for A/B). A kernel launched the ordinary
 // way after one of them still waits for it to complete, so other kernels
 // need no change; they only gain when they adopt the contract below.
 //
