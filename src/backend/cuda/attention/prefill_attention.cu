@@ -112,18 +112,12 @@ __global__ void __launch_bounds__(kThreads) prefill_attention_kernel(PagedAttent
     sM[r] = -INFINITY;
     sL[r] = 0.0f;
   }
-  const T* q = static_cast<const T*>(a.q);
   for (int i = tid; i < kM * kChunks; i += kThreads) {
     const int r = i / kChunks;
     const int c = i - r * kChunks;
-    const int grow = row0 + r;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (grow < total_rows) {
-      const int token = q_begin + grow / group;
-      const int head = kvh * group + grow % group;
-      v = *reinterpret_cast<const uint4*>(q + (static_cast<int64_t>(token) * a.hq + head) * kHd + c * 8);
-    }
-    *reinterpret_cast<uint4*>(sQ + r * L::kQP + c * 8) = v;
+    const T* src = prefill_q_chunk<T, kHd>(a, rows, kvh, r, c);
+    *reinterpret_cast<uint4*>(sQ + r * L::kQP + c * 8) =
+        src != nullptr ? *reinterpret_cast<const uint4*>(src) : make_uint4(0, 0, 0, 0);
   }
   for (int i = tid; i < kM * kHd; i += kThreads) sO[(i / kHd) * L::kOP + i % kHd] = 0.0f;
   __syncthreads();
@@ -248,13 +242,10 @@ __global__ void __launch_bounds__(kThreads) prefill_attention_kernel(PagedAttent
   for (int i = tid; i < kM * kHd; i += kThreads) {
     const int r = i / kHd;
     const int d = i - r * kHd;
-    const int grow = row0 + r;
-    if (grow >= total_rows) continue;
-    const int token = q_begin + grow / group;
-    const int head = kvh * group + grow % group;
+    const int64_t off = prefill_row_offset<kHd>(a, rows, kvh, r);
+    if (off < 0) continue;
     const float l = sL[r];
-    out[(static_cast<int64_t>(token) * a.hq + head) * kHd + d] =
-        from_float<T>(l > 0.0f ? sO[r * L::kOP + d] / l : 0.0f);
+    out[off + d] = from_float<T>(l > 0.0f ? sO[r * L::kOP + d] / l : 0.0f);
   }
 }
 

@@ -449,12 +449,9 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
   for (int i = lane; i < 16 * kR * kChunks; i += 32) {
     const int r = i / kChunks;
     const int c = i - r * kChunks;
-    const int grow = row0 + wrow + r;
-    if (grow >= total_rows) continue;
-    const int token = q_begin + grow / group;
-    const int head = kvh * group + grow % group;
-    *reinterpret_cast<uint4*>(out + (static_cast<int64_t>(token) * a.hq + head) * kHd + c * 8) =
-        *reinterpret_cast<const uint4*>(stage + r * kP + c * 8);
+    const int64_t off = prefill_row_offset<kHd>(a, rows, kvh, wrow + r);
+    if (off < 0) continue;
+    *reinterpret_cast<uint4*>(out + off + c * 8) = *reinterpret_cast<const uint4*>(stage + r * kP + c * 8);
   }
 }
 

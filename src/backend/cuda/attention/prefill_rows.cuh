@@ -43,16 +43,25 @@ __device__ __forceinline__ PrefillRows prefill_rows(const PagedAttentionArgs& a,
   return p;
 }
 
+// Element offset of block row r (KV head kvh) in a [num_tokens, hq, kHd]
+// tensor (q or out), or -1 for a row past the sequence.
+template <int kHd>
+__device__ __forceinline__ int64_t prefill_row_offset(const PagedAttentionArgs& a, const PrefillRows& p, int kvh,
+                                                      int r) {
+  const int grow = p.row0 + r;
+  if (grow >= p.total_rows) return -1;
+  const int token = p.q_begin + grow / p.group;
+  const int head = kvh * p.group + grow % p.group;
+  return (static_cast<int64_t>(token) * a.hq + head) * kHd;
+}
+
 // The 16-byte chunk c of block row r's q (head_dim kHd, KV head kvh), or
 // nullptr for a row past the sequence (to be zero-filled).
 template <class T, int kHd>
 __device__ __forceinline__ const T* prefill_q_chunk(const PagedAttentionArgs& a, const PrefillRows& p, int kvh, int r,
                                                     int c) {
-  const int grow = p.row0 + r;
-  if (grow >= p.total_rows) return nullptr;
-  const int token = p.q_begin + grow / p.group;
-  const int head = kvh * p.group + grow % p.group;
-  return static_cast<const T*>(a.q) + (static_cast<int64_t>(token) * a.hq + head) * kHd + c * 8;
+  const int64_t off = prefill_row_offset<kHd>(a, p, kvh, r);
+  return off < 0 ? nullptr : static_cast<const T*>(a.q) + off + c * 8;
 }
 
 }  // namespace osprey::cuda

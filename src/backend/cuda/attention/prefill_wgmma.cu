@@ -218,8 +218,8 @@ __device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&pa)[8]
 // every wgmma reading them has completed) for 16-byte stores.
 template <bool kF16>
 __device__ __forceinline__ void store_rows(const PagedAttentionArgs& a, const float (&o)[64], const float (&l)[2],
-                                           unsigned char* smem_q, int wrow, int lane, int row0, int total_rows,
-                                           int q_begin, int group, int kvh) {
+                                           unsigned char* smem_q, int wrow, int lane, const PrefillRows& rows,
+                                           int kvh) {
   using T = std::conditional_t<kF16, __half, __nv_bfloat16>;
   const int g = lane >> 2;
   const int t4 = lane & 3;
@@ -247,12 +247,9 @@ __device__ __forceinline__ void store_rows(const PagedAttentionArgs& a, const fl
     const int i = lane + 32 * n;
     const int r = i / kChunks;
     const int c = i - r * kChunks;
-    const int grow = row0 + wrow + r;
-    if (grow >= total_rows) continue;
-    const int token = q_begin + grow / group;
-    const int head = kvh * group + grow % group;
-    *reinterpret_cast<uint4*>(out + (static_cast<int64_t>(token) * a.hq + head) * kHd + c * 8) =
-        *reinterpret_cast<const uint4*>(smem_q + swz(kM, wrow + r, c));
+    const int64_t off = prefill_row_offset<kHd>(a, rows, kvh, wrow + r);
+    if (off < 0) continue;
+    *reinterpret_cast<uint4*>(out + off + c * 8) = *reinterpret_cast<const uint4*>(smem_q + swz(kM, wrow + r, c));
   }
 }
 #endif  // OSP_WGMMA_DEVICE
@@ -455,7 +452,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_wgmma_kernel(PagedAttenti
     cp_async_wait<0>();  // the Q copies, before the staging below overwrites sQ
     __syncthreads();
   }
-  store_rows<kF16>(a, o, l, smem + kOffQ, wrow, lane, row0, total_rows, q_begin, group, kvh);
+  store_rows<kF16>(a, o, l, smem + kOffQ, wrow, lane, rows, kvh);
 #else
   (void)a;
   (void)tiles_per_seq;
@@ -704,7 +701,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) prefill_wgmma_ws_kernel(PagedAt
       wgmma::wait<0>();
       pin_all();
     }
-    store_rows<kF16>(a, o, l, smem + kOffQ, wrow, lane, row0, total_rows, q_begin, group, kvh);
+    store_rows<kF16>(a, o, l, smem + kOffQ, wrow, lane, rows, kvh);
   }
 #else
   (void)a;
