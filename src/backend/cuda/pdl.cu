@@ -6,6 +6,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_query.h"
+#include "backend/cuda/host_util.h"
 #include "backend/cuda/pdl.cuh"
 
 namespace osprey::cuda {
@@ -29,10 +30,7 @@ __global__ void pdl_probe_kernel() {}
 }  // namespace
 
 bool attention_pdl_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("OSPREY_ATTENTION_PDL");
-    return v == nullptr || std::strcmp(v, "0") != 0;
-  }();
+  static const bool on = !env_equals("OSPREY_ATTENTION_PDL", "0");
   return on;
 }
 

@@ -52,10 +52,12 @@
 // leaves them zero, so graph replays see what eager steps see. It replaces
 // the combine kernel's launch and grid drain, which is most of a batch-1
 // layer's attention time. OSPREY_DECODE_MERGE=kernel (read once) keeps the
-// combine kernel: the A/B switch. The kernel stays an ordinary launch and
-// never triggers programmatic dependent launch (a trigger after the key
-// loop, letting the o-projection GEMV load weights during the merges, was
-// 0.02-0.03 ms per step slower on an H100: docs/cuda.md).
+// combine kernel: the A/B switch. The kernel is launched with programmatic
+// dependent launch after qkv_rope_kv_write (its pre-wait part: the comment
+// at the top of mma_decode_kernel) but never triggers its own dependents (a
+// trigger after the key loop, letting the o-projection GEMV load weights
+// during the merges, was 0.02-0.03 ms per step slower on an H100:
+// docs/cuda.md).
 //
 // A decode step has one query token per sequence (num_tokens == num_seqs and
 // max_q_len <= 1, checked by the backend), so the tensor-core kernel takes
@@ -668,8 +670,8 @@ bool use_mma(const PagedAttentionArgs& a) {
 }
 
 // Split plan. The SIMT kernel: >= 2 blocks per SM, splits of >= 64 keys.
-// The tensor-core kernel: split only until there is one block per SM (it
-// holds 2 per SM at hd 128, 96 KB of stages each), splits of >=
+// The tensor-core kernel: split only until there is one block per SM
+// (mma_smem_bytes of stages per block: 48 KB at hd 128), splits of >=
 // kMmaMinKeysPerDecodeSplit keys (one tile per warp). Measured on an H200
 // (gpu_op_bench decode-attention, forced splits): every split beyond that
 // costs more in partial writes, the merge kernel and per-block start-up
