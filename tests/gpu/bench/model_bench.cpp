@@ -190,11 +190,11 @@ int32_t* put(ops::Backend& be, Step& s, const std::vector<int32_t>& v) {
 // ctx - 1; sequence i owns pages page_of[i * pages + p] for p < pages =
 // ceil(ctx / bs) (page_of empty: pages [i * pages, (i + 1) * pages));
 // logits of every row. mixed > 0 appends a sequence of `mixed` new prompt
-// tokens at positions [0, mixed) on pages first_free, first_free + 1, ...
+// tokens at positions [0, mixed) on pages seqs * pages, seqs * pages + 1, ...
 // (a prompt riding along the decodes, as serving's mixed steps); its last
 // token gets a logits row.
 Step make_decode_batch(ops::Backend& be, int seqs, int ctx, int bs, int vocab,
-                       const std::vector<int32_t>& page_of = {}, int mixed = 0, int first_free = 0) {
+                       const std::vector<int32_t>& page_of = {}, int mixed = 0) {
   Step s;
   const int pages = (ctx + bs - 1) / bs;
   std::vector<int32_t> ids, pos, slots, q_indptr{0}, kv_lens, bptr{0}, bidx, rows;
@@ -210,6 +210,7 @@ Step make_decode_batch(ops::Backend& be, int seqs, int ctx, int bs, int vocab,
     rows.push_back(i);
   }
   if (mixed > 0) {
+    const int first_free = seqs * pages;
     for (int t = 0; t < mixed; ++t) {
       ids.push_back((t * 104729 + 7) % vocab);
       pos.push_back(t);
@@ -312,44 +313,38 @@ int main(int argc, char** argv) {
   double pool_gb = 0;
   bool scatter = false;
   int mixed = 0;
+  // The value of option argv[i] (i advanced past it) if it is an integer in
+  // [lo, hi]; otherwise a message and false.
+  auto int_arg = [&](int& i, int lo, int hi, int& out) {
+    out = std::atoi(argv[++i]);
+    if (out >= lo && out <= hi) return true;
+    std::fprintf(stderr, "%s: %d..%d\n", argv[i - 1], lo, hi);
+    return false;
+  };
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
+    const bool has_value = i + 1 < argc;
+    int n = 0;
     if (a == "--decode-only") {
       decode_only = true;
-    } else if (a == "--ttft-reps" && i + 1 < argc) {
-      ttft_reps = std::atoi(argv[++i]);
-      if (ttft_reps < 1 || ttft_reps > 1000) {
-        std::fprintf(stderr, "--ttft-reps: 1..1000\n");
-        return 2;
-      }
-    } else if (a == "--batch" && i + 1 < argc) {
-      const int n = std::atoi(argv[++i]);
+    } else if (a == "--scatter") {
+      scatter = true;
+    } else if (a == "--ttft-reps" && has_value) {
+      if (!int_arg(i, 1, 1000, ttft_reps)) return 2;
+    } else if (a == "--batch" && has_value) {
+      if (!int_arg(i, 1, 512, n)) return 2;
       batches.push_back(n);
-      if (n < 1 || n > 512) {
-        std::fprintf(stderr, "--batch: 1..512\n");
-        return 2;
-      }
-    } else if (a == "--pool-gb" && i + 1 < argc) {
+    } else if (a == "--mixed" && has_value) {
+      if (!int_arg(i, 1, 8192, mixed)) return 2;
+    } else if (a == "--ctx" && has_value) {
+      if (!int_arg(i, 1, 8192, n)) return 2;
+      contexts.push_back(n);
+    } else if (a == "--pool-gb" && has_value) {
       pool_gb = std::atof(argv[++i]);
       if (!(pool_gb > 0 && pool_gb <= 200)) {
         std::fprintf(stderr, "--pool-gb: (0, 200]\n");
         return 2;
       }
-    } else if (a == "--scatter") {
-      scatter = true;
-    } else if (a == "--mixed" && i + 1 < argc) {
-      mixed = std::atoi(argv[++i]);
-      if (mixed < 1 || mixed > 8192) {
-        std::fprintf(stderr, "--mixed: 1..8192\n");
-        return 2;
-      }
-    } else if (a == "--ctx" && i + 1 < argc) {
-      const int n = std::atoi(argv[++i]);
-      if (n < 1 || n > 8192) {
-        std::fprintf(stderr, "--ctx: 1..8192\n");
-        return 2;
-      }
-      contexts.push_back(n);
     } else {
       pos.push_back(a);
     }
@@ -478,18 +473,21 @@ int main(int argc, char** argv) {
       }
       Step s =
           batch == 1 ? make_step(be, 1, ctx, bs, c.vocab_size)
-                     : make_decode_batch(be, batch, ctx, bs, c.vocab_size, scattered, mixed,
-                                         batch * ((ctx + bs - 1) / bs));
-      std::vector<double> t;
-      for (int r = 0; r < 60; ++r) {
-        be.synchronize();
-        const auto t0 = std::chrono::steady_clock::now();
-        model.forward(s.fb, kv);
-        be.synchronize();
-        if (r >= 10)
-          t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-      }
-      const double ms = median(t);
+                     : make_decode_batch(be, batch, ctx, bs, c.vocab_size, scattered, mixed);
+      // Median ms of 50 runs of fn after 10 warm-up runs, each drained.
+      auto time_ms = [&](const auto& fn) {
+        std::vector<double> t;
+        for (int r = 0; r < 60; ++r) {
+          be.synchronize();
+          const auto t0 = std::chrono::steady_clock::now();
+          fn();
+          be.synchronize();
+          if (r >= 10)
+            t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+        }
+        return median(t);
+      };
+      const double ms = time_ms([&] { model.forward(s.fb, kv); });
       const double bytes = static_cast<double>(model.weight_bytes()) - embed_bytes +
                            static_cast<double>(model.kv_bytes_per_token()) * ctx * batch;
       // The same step captured in a CUDA graph and replayed (no launch gaps).
@@ -498,18 +496,7 @@ int main(int argc, char** argv) {
         cuda_be->begin_capture();
         model.forward(s.fb, kv);
         auto graph = cuda_be->end_capture();
-        if (graph) {
-          std::vector<double> tg;
-          for (int r = 0; r < 60; ++r) {
-            be.synchronize();
-            const auto t0 = std::chrono::steady_clock::now();
-            graph->launch();
-            be.synchronize();
-            if (r >= 10)
-              tg.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-          }
-          gms = median(tg);
-        }
+        if (graph) gms = time_ms([&] { graph->launch(); });
       }
       std::printf("  %8d %10.3f %8.1f %10.2f %6.1f%%   graph replay: %.3f ms/step, %.1f tok/s, MBU %.1f%%\n", ctx, ms,
                   1000.0 * batch / ms, bytes / 1e9, 100.0 * bytes / (ms * 1e-3) / 1e9 / copy_gbs, gms,
