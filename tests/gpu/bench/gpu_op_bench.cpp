@@ -170,14 +170,19 @@ void decode_attention_sweep(ops::Backend& be, double copy_gbs) {
   const char* env = std::getenv("OSPREY_DECODE_ATTENTION");
   const std::string kernel = env != nullptr && std::strcmp(env, "simt") == 0 ? "simt" : "default";
   const char* min_keys = std::getenv("OSPREY_DECODE_MIN_KEYS");
-  std::printf("decode attention, BF16, hq 32 hk 8 hd 128, block_size 16, kernel %s, OSPREY_DECODE_MIN_KEYS=%s\n",
-              kernel.c_str(), min_keys != nullptr ? min_keys : "(unset)");
+  const char* stages = std::getenv("OSPREY_DECODE_STAGES");
+  std::printf(
+      "decode attention, BF16, hq 32 hk 8 hd 128, block_size 16, kernel %s, OSPREY_DECODE_MIN_KEYS=%s, "
+      "OSPREY_DECODE_STAGES=%s\n",
+      kernel.c_str(), min_keys != nullptr ? min_keys : "(unset)", stages != nullptr ? stages : "(unset)");
   std::printf("%-8s %-6s %6s %6s %10s %10s %8s\n", "batch", "ctx", "splits", "sets", "us", "GB/s KV", "% copy");
   std::vector<std::pair<int, int>> shapes;
   for (int batch : {1, 8, 32, 64, 128})
     for (int ctx : {512, 1024, 4096, 16384}) shapes.emplace_back(batch, ctx);
   shapes.emplace_back(56, 544);  // the offline-bench profile point (docs/PERF.md)
   for (int batch : {68, 91, 96, 120, 200}) shapes.emplace_back(batch, 320);  // serving's decode steps
+  shapes.emplace_back(120, 2112);  // offline 2048/128's decode steps
+  shapes.emplace_back(200, 1500);  // offline 1000/1000's, mid-run
   auto report = [&](ops::Backend& b, int batch, int ctx, const char* splits) {
     size_t kv_bytes = 0;
     int sets = 0;
