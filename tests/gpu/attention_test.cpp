@@ -346,47 +346,6 @@ TEST_F(AttentionSplitTest, ForcedSplitsMatch) {
   }
 }
 
-class AttentionStagesTest : public GpuTest {
- protected:
-  cuda::CudaBackendOptions gpu_options() const override {
-    cuda::CudaBackendOptions o;
-    o.decode_stages = stages_;
-    o.attention_splits = splits_;
-    return o;
-  }
-  int stages_ = 3;
-  int splits_ = 0;
-};
-
-// The tensor-core decode kernel with 2 and 3 shared-memory stages per warp
-// (plan_decode_splits picks by grid size; both are forced here on every
-// shape): planned splits, forced splits through the merge, windows,
-// all-zero K (exact mean of V over the key range), many sequences.
-TEST_F(AttentionStagesTest, BothStageDepthsMatch) {
-  uint32_t seed = 1200;
-  std::vector<int> many;
-  std::mt19937 rng(12);
-  for (int i = 0; i < 90; ++i) many.push_back(1 + static_cast<int>(rng() % 700));
-  for (int stages : {2, 3}) {
-    for (int splits : {0, 3}) {
-      stages_ = stages;
-      splits_ = splits;
-      gpu_ = cuda::make_cuda_backend(gpu_options());
-      ASSERT_NE(gpu_, nullptr);
-      SCOPED_TRACE("stages " + std::to_string(stages) + " splits " + std::to_string(splits));
-      for (DType t : {DType::kBF16, DType::kF16}) {
-        for (Config c : {Config{32, 8, 128, 16, t}, Config{8, 4, 64, 7, t}, Config{16, 2, 128, 5, t}}) {
-          check_decode16(gpu(), cpu(), t, c, kDecodeLens, 0, seed += 7);
-          check_decode16(gpu(), cpu(), t, c, kDecodeLens, 0, seed += 7, /*zero_k=*/true);
-          check_decode16(gpu(), cpu(), t, c, kDecodeLens, 100, seed += 7);
-        }
-        check_decode16(gpu(), cpu(), t, Config{32, 8, 128, 16, t}, many, 0, seed += 7, true);
-        check_decode16(gpu(), cpu(), t, Config{32, 8, 128, 16, t}, {5000}, 0, seed += 7);
-      }
-    }
-  }
-}
-
 TEST_F(AttentionTest, KvWriteMatchesCpu) {
   uint32_t seed = 700;
   for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {

@@ -20,10 +20,6 @@ struct CudaBackendOptions {
   // Splits of the KV range in paged attention: 0 chooses per step from the
   // shapes and the SM count; > 0 forces that many (tests of the merge path).
   int attention_splits = 0;
-  // Shared-memory stages per warp of the tensor-core decode attention
-  // kernel: 0 takes plan_decode_splits' choice; 2 or 3 forces it (tests of
-  // both variants).
-  int decode_stages = 0;
 };
 
 // Number of CUDA devices the driver reports; 0 when there is no driver or GPU.

@@ -161,10 +161,6 @@ struct PagedAttentionArgs {
   // tile); splits past a sequence's range are empty. Lets a decode step fix
   // num_splits without knowing the step's lengths (graph contract).
   int min_keys_per_split = 0;
-  // Decode kernel only (tensor-core path): shared-memory stages per warp,
-  // 2 or 3 (plan_decode_splits picks it from num_seqs and the device; 0:
-  // the kernel's default, 3).
-  int decode_stages = 0;
   float* part_acc = nullptr;
   float* part_ml = nullptr;
   // Decode kernel only (tensor-core path, num_splits > 1): one counter per
@@ -195,7 +191,7 @@ void launch_combine_splits(const PagedAttentionArgs& args, cudaStream_t stream);
 // head_dim 64/128 and G = hq / hk in {1, 2, 4, 8} with 16-byte aligned pages;
 // otherwise use launch_paged_attention.
 bool decode_attention_supported(const PagedAttentionArgs& args);
-// Sets args.num_splits, args.min_keys_per_split and args.decode_stages for the decode kernel
+// Sets args.num_splits and args.min_keys_per_split for the decode kernel
 // launch_decode_attention will pick, from num_seqs, the shapes and dtypes and
 // the device's SM count only (graph contract).
 void plan_decode_splits(PagedAttentionArgs& args, int num_sms);

@@ -170,11 +170,8 @@ void decode_attention_sweep(ops::Backend& be, double copy_gbs) {
   const char* env = std::getenv("OSPREY_DECODE_ATTENTION");
   const std::string kernel = env != nullptr && std::strcmp(env, "simt") == 0 ? "simt" : "default";
   const char* min_keys = std::getenv("OSPREY_DECODE_MIN_KEYS");
-  const char* stages = std::getenv("OSPREY_DECODE_STAGES");
-  std::printf(
-      "decode attention, BF16, hq 32 hk 8 hd 128, block_size 16, kernel %s, OSPREY_DECODE_MIN_KEYS=%s, "
-      "OSPREY_DECODE_STAGES=%s\n",
-      kernel.c_str(), min_keys != nullptr ? min_keys : "(unset)", stages != nullptr ? stages : "(unset)");
+  std::printf("decode attention, BF16, hq 32 hk 8 hd 128, block_size 16, kernel %s, OSPREY_DECODE_MIN_KEYS=%s\n",
+              kernel.c_str(), min_keys != nullptr ? min_keys : "(unset)");
   std::printf("%-8s %-6s %6s %6s %10s %10s %8s\n", "batch", "ctx", "splits", "sets", "us", "GB/s KV", "% copy");
   std::vector<std::pair<int, int>> shapes;
   for (int batch : {1, 8, 32, 64, 128})

@@ -152,7 +152,6 @@ void CudaBackend::run_attention(PagedAttentionArgs& a, bool decode) {
     }
   }
   a.num_splits = splits;
-  if (options_.decode_stages != 0) a.decode_stages = options_.decode_stages;
   if (splits > 1) {
     const size_t rows = static_cast<size_t>(splits) * static_cast<size_t>(a.num_tokens) * static_cast<size_t>(hq);
     a.part_acc = attn_acc_.reserve_as<float>(rows * static_cast<size_t>(hd), stream_);

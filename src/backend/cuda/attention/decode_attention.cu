@@ -11,8 +11,7 @@
 //   serving case). Four warps per block; warp w takes the block's key tiles
 //   w, w + 4, ... of kTileKeys = 16 keys (a whole page at block_size 16).
 //   Each warp streams its tiles with 16-byte cp.async into its own
-//   kStages-deep ring (3, or 2 for large grids: plan_decode_splits) of
-//   shared-memory stages (K and V rows of 2 hd bytes,
+//   kStages-deep ring of shared-memory stages (K and V rows of 2 hd bytes,
 //   16-byte chunks XOR-swizzled by row so ldmatrix is conflict-free), so
 //   kStages - 1 tiles per warp are in flight while one is computed; the page
 //   table entry of the tile after next is loaded one iteration early. Scores
@@ -246,16 +245,14 @@ void launch_simt(const PagedAttentionArgs& a, cudaStream_t stream) {
 constexpr int kMmaWarps = 4;
 constexpr int kMmaThreads = 32 * kMmaWarps;
 constexpr int kTileKeys = 16;  // keys per warp tile
-// Shared-memory stages per warp (tiles in flight + 1): a template parameter
-// of the kernel, 3 or 2 (plan_decode_splits; file comment).
-constexpr int kDefaultStages = 3;
+constexpr int kStages = 3;     // shared-memory stages per warp (tiles in flight + 1)
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
 // Shared memory: the warps' stage rings [kMmaWarps][kStages][K, V][kTileKeys
 // rows of 2 kHd bytes], reused after the key loop for the merge
 // (sO [kMmaWarps][kG][kHd], sM, sL [kMmaWarps][kG], fp32).
-template <int kHd, int kG, int kStages = kDefaultStages>
+template <int kHd, int kG>
 constexpr size_t mma_smem_bytes() {
   constexpr size_t pipe = size_t{kMmaWarps} * kStages * 2 * kTileKeys * kHd * 2;
   constexpr size_t merge = sizeof(float) * kMmaWarps * kG * (kHd + 2);
@@ -377,7 +374,7 @@ __device__ __forceinline__ int tile_offset(int r, int c) {
   return r * kRowBytes + ((c ^ (r & 7)) << 4);
 }
 
-template <int kHd, int kG, class T, int kStages>
+template <int kHd, int kG, class T>
 __global__ void __launch_bounds__(kMmaThreads) mma_decode_kernel(PagedAttentionArgs a) {
   using M = Mma16<T>;
   constexpr int kChunks = kHd / 8;                      // 16-byte chunks per key row
@@ -388,8 +385,7 @@ __global__ void __launch_bounds__(kMmaThreads) mma_decode_kernel(PagedAttentionA
   constexpr int kKSteps = kHd / 16;
   constexpr int kNTiles = kHd / 8;
   static_assert(kG >= 1 && kG <= 8, "query heads per KV head are rows 0..7 of the MMA");
-  static_assert(kStages == 2 || kStages == 3, "stage ring depth");
-  static_assert(mma_smem_bytes<kHd, kG, kStages>() >= sizeof(float) * (kG * kMaxDecodeSplitsMerged + 1),
+  static_assert(mma_smem_bytes<kHd, kG>() >= sizeof(float) * (kG * kMaxDecodeSplitsMerged + 1),
                 "the split merge's weights and flag fit the stage rings");
   extern __shared__ __align__(16) unsigned char mma_smem[];
 
@@ -622,10 +618,10 @@ __global__ void __launch_bounds__(kMmaThreads) mma_decode_kernel(PagedAttentionA
   }
 }
 
-template <int kHd, int kG, class T, int kStages>
+template <int kHd, int kG, class T>
 void launch_mma(const PagedAttentionArgs& a, cudaStream_t stream) {
-  constexpr size_t smem = mma_smem_bytes<kHd, kG, kStages>();
-  auto kernel = mma_decode_kernel<kHd, kG, T, kStages>;
+  constexpr size_t smem = mma_smem_bytes<kHd, kG>();
+  auto kernel = mma_decode_kernel<kHd, kG, T>;
   if constexpr (smem > 48 * 1024) set_max_dynamic_smem_once(kernel, smem);
   const dim3 grid(static_cast<unsigned>(a.num_seqs), static_cast<unsigned>(a.hk), static_cast<unsigned>(a.num_splits));
   // Programmatic dependent launch: the copies of earlier positions' K/V
@@ -641,11 +637,7 @@ void launch_for_group(const PagedAttentionArgs& a, bool mma, cudaStream_t stream
     constexpr int kG = decltype(g)::value;
     if constexpr (std::is_same_v<KvT, QT> && !std::is_same_v<KvT, float>) {
       if (mma) {
-        if (a.decode_stages == 2) {
-          launch_mma<kHd, kG, KvT, 2>(a, stream);
-        } else {
-          launch_mma<kHd, kG, KvT, 3>(a, stream);
-        }
+        launch_mma<kHd, kG, KvT>(a, stream);
         return;
       }
     }
@@ -678,24 +670,19 @@ bool use_mma(const PagedAttentionArgs& a) {
 }
 
 // Split plan. The SIMT kernel: >= 2 blocks per SM, splits of >= 64 keys.
-// The tensor-core kernel: split only until there is one block per SM, splits of >=
+// The tensor-core kernel: split only until there is one block per SM (2
+// fit per SM at hd 128: 96 KB of stages each; 156 registers per thread
+// would allow 3), splits of >=
 // kMmaMinKeysPerDecodeSplit keys (one tile per warp). Measured on an H200
 // (gpu_op_bench decode-attention, forced splits): every split beyond that
 // costs more in partial writes, the merge kernel and per-block start-up
 // than the extra blocks gain, e.g. 56 seqs x
 // 544 keys 38.6 us unsplit vs 45.8 us in 2 splits; 8 x 4096 best at 3-4
 // splits (64 blocks), 1 x 16384 at 16-32.
-//
-// Stages (tensor-core kernel). At hd 128 a block holds 4 warps x kStages x
-// 8 KB of K/V stages: 96 KB at 3 stages (2 blocks per SM), 64 KB at 2 (3
-// blocks per SM; the kernel's 156 registers per thread also allow 3). A
-// grid of at most 2 blocks per SM (small batches, split) keeps 3 stages: its
-// blocks need the deeper ring to keep enough bytes in flight. A larger grid
-// (serving batches at short contexts: 96 sequences x 8 KV heads = 768
-// blocks) takes 2: a third resident block per SM overlaps the fixed start
-// and merge of its neighbours, and 2 tiles of 8 KB per warp x 12 warps are
-// still ~4x the bytes in flight an SM needs at the copy ceiling.
-// OSPREY_DECODE_STAGES=2|3 (read once) forces one for an A/B.
+// Two stages per warp instead of three (64 KB, 3 blocks per SM) were
+// measured for grids above 2 blocks per SM on an H100 and not kept: 1-3%
+// faster at serving's 68-200 x 320, up to 6% slower at 64 x 4096, decode
+// steps and the online run within noise (docs/PERF.md, session 7).
 constexpr int kSimtBlocksPerSm = 2;
 constexpr int kMmaBlocksPerSm = 1;
 constexpr int kMinKeysPerDecodeSplit = 64;
@@ -706,12 +693,6 @@ static_assert(kMaxDecodeSplits <= kMaxDecodeSplitsMerged, "the in-kernel merge t
 // 0.05 ms per step at 512 keys (fewer blocks, longer chains), 512 costs 0.1
 // ms at 2048 (docs/cuda.md).
 constexpr int kMmaMinKeysPerDecodeSplit = 64;
-constexpr int kThreeStageBlocksPerSm = 2;
-
-int forced_decode_stages() {
-  static const int stages = static_cast<int>(env_int("OSPREY_DECODE_STAGES", 2, 3, 0));
-  return stages;
-}
 
 int mma_min_keys_per_split() {
   static const int keys = [] {
@@ -741,10 +722,6 @@ void plan_decode_splits(PagedAttentionArgs& a, int num_sms) {
   const int64_t target = int64_t{use_mma(a) ? kMmaBlocksPerSm : kSimtBlocksPerSm} * std::max(1, num_sms);
   a.num_splits = static_cast<int>(std::clamp<int64_t>((target + blocks - 1) / blocks, 1, kMaxDecodeSplits));
   a.min_keys_per_split = use_mma(a) ? mma_min_keys_per_split() : kMinKeysPerDecodeSplit;
-  const int64_t grid = blocks * a.num_splits;
-  a.decode_stages = forced_decode_stages() != 0 ? forced_decode_stages()
-                    : grid > int64_t{kThreeStageBlocksPerSm} * std::max(1, num_sms) ? 2
-                                                                                       : 3;
 }
 
 void launch_decode_attention(const PagedAttentionArgs& a, cudaStream_t stream) {
