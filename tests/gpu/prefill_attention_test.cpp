@@ -121,8 +121,9 @@ class Problem {
   }
 
   // variant kWgmma - v: variant v + 1 of the Hopper wgmma kernel; -2:
-  // through the paged_attention op; -1: the wmma kernel; else that block
-  // shape of the mma kernel (0: its automatic choice).
+  // through the paged_attention op (eagerly, or captured into a CUDA graph
+  // and replayed after set_graph(true)); -1: the wmma kernel; else that
+  // block shape of the mma kernel (0: its automatic choice).
   void run(ops::Backend& gpu, int variant) {
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     if (variant == -2) {
@@ -142,7 +143,15 @@ class Problem {
                       Tensor(gv_->get(), dt_, {pages_, bs_, h_.hk, h_.hd}, Device::kCuda)};
       Tensor q(gq_->get(), dt_, {n_, h_.hq, h_.hd}, Device::kCuda);
       Tensor out(go_->get(), dt_, {n_, h_.hq, h_.hd}, Device::kCuda);
-      gpu.paged_attention(q, kv, b, scale_, h_.window, out);
+      if (!graph_) {
+        gpu.paged_attention(q, kv, b, scale_, h_.window, out);
+      } else {  // captured into a CUDA graph, then replayed
+        gpu.begin_capture();
+        gpu.paged_attention(q, kv, b, scale_, h_.window, out);
+        auto graph = gpu.end_capture();
+        ASSERT_NE(graph, nullptr);
+        graph->launch();
+      }
       gpu.synchronize();
     } else if (variant <= kWgmma) {
       cuda::launch_prefill_attention_wgmma(args(), nullptr, kWgmma - variant + 1);
@@ -156,6 +165,7 @@ class Problem {
 
   // AttentionBatch::num_leading_decodes for run(-2) (0: not given).
   void set_leading_decodes(int n) { leading_decodes_ = n; }
+  void set_graph(bool on) { graph_ = on; }
 
   // 0xFFFF (a NaN in bf16 and in f16) everywhere, so an unwritten element fails.
   void poison() {
@@ -249,6 +259,7 @@ class Problem {
   std::vector<int32_t> q_indptr_{0}, kv_lens_, block_indptr_{0}, block_indices_, positions_;
   int pages_ = 0, max_q_ = 0, max_kv_ = 0, n_ = 0;
   int leading_decodes_ = 0;
+  bool graph_ = false;
   std::vector<float> k_, v_, q_;
   std::vector<double> ref_;
   std::optional<DeviceMem> gk_, gv_, gq_, go_, d_qi_, d_kl_, d_bi_, d_bx_, d_pos_, d_sl_;
@@ -300,9 +311,10 @@ void every_block_shape_matches_float64(ops::Backend& gpu, DType dt) {
 
 // A mixed step through the op: single-token rows (decodes) first, then
 // prompts and chunks. With num_leading_decodes given, the decodes run in the
-// decode kernel and the rest in the prefill kernels (two launches); without,
-// one prefill launch. Both match float64, and the hint may cover fewer
-// decode rows than there are (the rest stay with the prompts).
+// decode kernel (on the backend's side stream) and the rest in the prefill
+// kernels, concurrently; without, one prefill launch. Both match float64,
+// eagerly and from a CUDA graph, and the hint may cover fewer decode rows
+// than there are (the rest stay with the prompts).
 void mixed_step_matches_float64(ops::Backend& gpu, DType dt) {
   const std::vector<Seq> seqs = {{1, 900},  {1, 2047}, {1, 0},   {1, 130}, {1, 4500},
                                  {700, 0},  {1, 64},   {99, 300}, {1, 17}};
@@ -325,6 +337,14 @@ void mixed_step_matches_float64(ops::Backend& gpu, DType dt) {
       pb.poison();
       pb.run(gpu, -2);
       pb.check(gpu, 37, tag(c.h, c.bs, -2) + " leading decodes " + std::to_string(lead));
+      // The same step from a CUDA graph (the decode part's side stream is
+      // forked and joined inside the capture).
+      if (!gpu.supports_graphs()) continue;
+      pb.poison();
+      pb.set_graph(true);
+      pb.run(gpu, -2);
+      pb.set_graph(false);
+      pb.check(gpu, 37, tag(c.h, c.bs, -2) + " graph, leading decodes " + std::to_string(lead));
     }
   }
 }

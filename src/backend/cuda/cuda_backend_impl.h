@@ -100,7 +100,10 @@ class CudaBackend final : public ops::Backend {
   const float* device_inv_freq(const ops::RopeTable& table);
   // paged_attention's split plan and kernel launch for one (sub-)batch
   // (attention/attention_ops.cpp); decode: one query token per sequence.
-  void run_attention(PagedAttentionArgs& a, bool decode);
+  // Plans and launches one attention (sub-)batch: scratch reserved against
+  // stream_, the kernel launched on `on` (stream_, or the side stream of a
+  // mixed step's decode part).
+  void run_attention(PagedAttentionArgs& a, bool decode, cudaStream_t on);
   // 16-bit GEMM through cuBLASLt: out[n, ldo] columns [0, m) (out_type BF16,
   // F16 or F32) = x[n, k] @ w[m, k]^T (+ out when accumulate), w and x both
   // of in_type (BF16 or F16), fp32 accumulation.
@@ -158,6 +161,10 @@ class CudaBackend final : public ops::Backend {
   // shared_ptr so that the type may stay incomplete here.
   struct MarkEvents;
   std::shared_ptr<MarkEvents> marks_;
+  // A second stream and its fork/join events for the decode part of a mixed
+  // step's attention (attention_ops.cpp), created on first use.
+  struct SideStream;
+  std::shared_ptr<SideStream> side_;
 };
 
 }  // namespace osprey::cuda

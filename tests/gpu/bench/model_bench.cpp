@@ -6,7 +6,7 @@
 // prints figures and asserts nothing. Built as model_bench next to gpu_tests.
 //
 // Usage: model_bench [config name, default llama-3-8b] [dtype, default bfloat16] [--decode-only] [--ctx N]...
-//        [--ttft-reps N] [--batch N]... [--pool-gb G] [--scatter] [--mixed P]
+//        [--ttft-reps N] [--ttft-gap-ms G] [--batch N]... [--pool-gb G] [--scatter] [--mixed P]
 // --decode-only skips the TTFT and prefill breakdown (A/B runs of decode
 // switches such as OSPREY_CUDA_NO_PDL=1, which the header line echoes);
 // --ctx N (repeatable, 1..8192) replaces the decode contexts 512, 2048,
@@ -14,6 +14,9 @@
 // (default 5, after 2 warm-up runs) times N back-to-back prefills; above 5
 // it also prints the series and the median of the last 5 (the SM clock
 // ramps and dips under the power cap in the first ~1 s of load).
+// --ttft-gap-ms G (default 0) leaves the GPU idle G ms before every TTFT run
+// (warm-ups included): a prompt reaching an idle server, whose SM clock has
+// recovered from the power cap, against back-to-back prompts under load.
 // --batch N (repeatable, 1..512, default 1) times a decode step of N
 // sequences, each at every --ctx context with its own KV pages (one token
 // and one logits row per sequence, as the engine's decode steps), and prints
@@ -38,6 +41,7 @@
 #include <cstdlib>
 #include <map>
 #include <numeric>
+#include <thread>
 #include <random>
 #include <string>
 #include <vector>
@@ -309,6 +313,7 @@ int main(int argc, char** argv) {
   bool decode_only = false;
   std::vector<int> contexts;
   int ttft_reps = 5;
+  int ttft_gap_ms = 0;
   std::vector<int> batches;
   double pool_gb = 0;
   bool scatter = false;
@@ -331,6 +336,8 @@ int main(int argc, char** argv) {
       scatter = true;
     } else if (a == "--ttft-reps" && has_value) {
       if (!int_arg(i, 1, 1000, ttft_reps)) return 2;
+    } else if (a == "--ttft-gap-ms" && has_value) {
+      if (!int_arg(i, 0, 10000, ttft_gap_ms)) return 2;
     } else if (a == "--batch" && has_value) {
       if (!int_arg(i, 1, 512, n)) return 2;
       batches.push_back(n);
@@ -435,6 +442,7 @@ int main(int argc, char** argv) {
     std::vector<double> t;
     for (int r = 0; r < ttft_reps + 2; ++r) {
       be.synchronize();
+      if (ttft_gap_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(ttft_gap_ms));
       const auto t0 = std::chrono::steady_clock::now();
       model.forward(s.fb, kv);
       be.synchronize();
@@ -449,8 +457,9 @@ int main(int argc, char** argv) {
       std::printf("TTFT, last 5 runs: %.2f ms (median)\n", median(tail));
     }
     const double ms = median(t);
-    std::printf("\nTTFT, one %d-token prompt: %.2f ms (%.0f TFLOP/s on 2 x params x tokens)\n", prompt, ms,
-                flops / (ms * 1e-3) / 1e12);
+    std::printf("\nTTFT, one %d-token prompt: %.2f ms (%.0f TFLOP/s on 2 x params x tokens)%s\n", prompt, ms,
+                flops / (ms * 1e-3) / 1e12,
+                ttft_gap_ms > 0 ? (", each after " + std::to_string(ttft_gap_ms) + " ms idle").c_str() : ", back to back");
     be.on = true;
     model.forward(s.fb, kv);
     be.on = false;

@@ -31,6 +31,30 @@ void check_cache(const ops::LayerKv& kv, int64_t hk, int64_t hd) {
 
 }  // namespace
 
+// The mixed step's side stream (cuda_backend_impl.h): created with the
+// device's highest priority, so the decode part's blocks are dispatched
+// before the prefill kernel's queued ones; fork and join are timing-free
+// events.
+struct CudaBackend::SideStream {
+  cudaStream_t stream = nullptr;
+  cudaEvent_t fork = nullptr;
+  cudaEvent_t join = nullptr;
+  SideStream() {
+    int least = 0, greatest = 0;
+    OSP_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    OSP_CUDA_CHECK(cudaStreamCreateWithPriority(&stream, cudaStreamNonBlocking, greatest));
+    OSP_CUDA_CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+    OSP_CUDA_CHECK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+  }
+  ~SideStream() {
+    cudaEventDestroy(join);
+    cudaEventDestroy(fork);
+    cudaStreamDestroy(stream);
+  }
+  SideStream(const SideStream&) = delete;
+  SideStream& operator=(const SideStream&) = delete;
+};
+
 void CudaBackend::kv_write(const Tensor& k, const Tensor& v, const ops::AttentionBatch& batch, ops::LayerKv& kv) {
   OSP_CHECK_MSG(k.dtype() == v.dtype() && supports_activation_dtype(k.dtype()),
                 "kv_write k, v must be F32, BF16 or F16 (same dtype)");
@@ -96,9 +120,16 @@ void CudaBackend::paged_attention(const Tensor& q, const ops::LayerKv& kv, const
   // the same device arrays; token indices stay absolute through q_indptr).
   // The prefill kernels give single-token rows 64-128-row tiles of one
   // (sequence, KV head) and read their keys without splits.
-  // OSPREY_MIXED_ATTENTION=joint: one launch for the whole step (A/B).
+  // The two parts run concurrently: the decode part (memory-bound) on a
+  // side stream forked from stream_ after the step's K/V writes, the prompt
+  // part (tensor-core bound) on stream_, which then waits for the side
+  // stream before the o projection. Graph captures take the fork and join
+  // as edges.
+  // OSPREY_MIXED_ATTENTION=joint: one launch for the whole step;
+  // =serial: the two parts one after the other on stream_ (A/B).
   const int lead = batch.num_leading_decodes;
   static const bool split_mixed = !env_equals("OSPREY_MIXED_ATTENTION", "joint");
+  static const bool concurrent_mixed = !env_equals("OSPREY_MIXED_ATTENTION", "serial");
   if (split_mixed && lead > 0 && lead < batch.num_seqs && batch.num_tokens > batch.num_seqs &&
       options_.attention_splits <= 0) {
     PagedAttentionArgs d = a;
@@ -112,8 +143,18 @@ void CudaBackend::paged_attention(const Tensor& q, const ops::LayerKv& kv, const
     p.kv_lens += lead;
     p.block_indptr += lead;
     if (decode_attention_supported(d) && prefill_attention_supported(p)) {
-      run_attention(d, true);
-      run_attention(p, false);
+      if (!concurrent_mixed) {
+        run_attention(d, true, stream_);
+        run_attention(p, false, stream_);
+        return;
+      }
+      if (!side_) side_ = std::make_shared<SideStream>();
+      OSP_CUDA_CHECK(cudaEventRecord(side_->fork, stream_));
+      OSP_CUDA_CHECK(cudaStreamWaitEvent(side_->stream, side_->fork, 0));
+      run_attention(d, true, side_->stream);
+      run_attention(p, false, stream_);
+      OSP_CUDA_CHECK(cudaEventRecord(side_->join, side_->stream));
+      OSP_CUDA_CHECK(cudaStreamWaitEvent(stream_, side_->join, 0));
       return;
     }
   }
@@ -123,12 +164,14 @@ void CudaBackend::paged_attention(const Tensor& q, const ops::LayerKv& kv, const
   // keys, so short contexts leave the later splits empty.
   const bool decode = batch.num_tokens == batch.num_seqs && batch.max_q_len <= 1;
   if (decode) a.max_q_len = 1;
-  run_attention(a, decode);
+  run_attention(a, decode, stream_);
 }
 
 // Plans the splits and launches the kernel for one (sub-)batch; decode: one
-// query token per sequence, token s = sequence s.
-void CudaBackend::run_attention(PagedAttentionArgs& a, bool decode) {
+// query token per sequence, token s = sequence s. Scratch grows against
+// stream_ (which orders every earlier use, side-stream ones joined), before
+// the launch on `on`.
+void CudaBackend::run_attention(PagedAttentionArgs& a, bool decode, cudaStream_t on) {
   const int hq = a.hq, hk = a.hk, hd = a.hd;
   const bool decode_kernel = decode && decode_attention_supported(a);
   int splits = options_.attention_splits;
@@ -162,11 +205,11 @@ void CudaBackend::run_attention(PagedAttentionArgs& a, bool decode) {
     }
   }
   if (decode_kernel) {
-    launch_decode_attention(a, stream_);
+    launch_decode_attention(a, on);
   } else if (!decode && splits == 1 && prefill_attention_supported(a)) {
-    launch_prefill_attention(a, stream_);
+    launch_prefill_attention(a, on);
   } else {
-    launch_paged_attention(a, stream_);
+    launch_paged_attention(a, on);
   }
 }
 
