@@ -530,10 +530,17 @@ Tensor Model::forward(const ForwardBatch& batch, KvCache& kv) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const int window = m.arch->sliding_window ? c.sliding_window : 0;
 
+  // Residual stream: where the backend fuses matmul_add (CUDA, 16-bit
+  // activations), the o and down projections add into resid inside their
+  // GEMMs and each norm only reads resid; otherwise each projection goes to
+  // proj and the next add_rms_norm adds it (the last one: the add before
+  // the final norm). Same function; the fused form rounds resid + product
+  // once instead of twice.
+  const bool fused_resid = be.fuses_matmul_add(act_dtype_);
   be.embedding(m.embed, batch.token_ids, resid);
   for (size_t l = 0; l < m.layers.size(); ++l) {
     const LayerWeights& L = m.layers[l];
-    if (l == 0) {
+    if (l == 0 || fused_resid) {
       be.rms_norm(resid, L.attn_norm, c.rms_norm_eps, normed);
     } else {
       be.add_rms_norm(resid, proj, L.attn_norm, c.rms_norm_eps, normed);  // + previous MLP output
@@ -557,17 +564,26 @@ Tensor Model::forward(const ForwardBatch& batch, KvCache& kv) {
       be.kv_write(k3, v3, batch.attn, kv.layers[l]);
     }
     be.paged_attention(q3, kv.layers[l], batch.attn, scale, window, attn3);
-    be.matmul(attn, L.wo, Tensor(), proj);
-    be.add_rms_norm(resid, proj, L.ffn_norm, c.rms_norm_eps, normed);  // + attention output
+    if (fused_resid) {
+      be.matmul_add(attn, L.wo, resid, proj);  // resid += attention output
+      be.rms_norm(resid, L.ffn_norm, c.rms_norm_eps, normed);
+    } else {
+      be.matmul(attn, L.wo, Tensor(), proj);
+      be.add_rms_norm(resid, proj, L.ffn_norm, c.rms_norm_eps, normed);  // + attention output
+    }
     be.matmul_silu_mul(normed, L.w_gate_up, gate_up, act);  // CUDA batch 1: one kernel
-    be.matmul(act, L.w_down, Tensor(), proj);
+    if (fused_resid) {
+      be.matmul_add(act, L.w_down, resid, proj);  // resid += MLP output
+    } else {
+      be.matmul(act, L.w_down, Tensor(), proj);
+    }
   }
   const int64_t r = batch.num_logit_rows;
   OSP_CHECK_LE(r, n);
   if (r == 0) return ws.logits.slice(0, 0);  // a step of middle prefill chunks only
   Tensor sel = ws.sel.slice(0, r);
   Tensor sel_normed = ws.normed.slice(0, r);  // normed is free once the layers are done
-  be.add(resid, proj);
+  if (!fused_resid) be.add(resid, proj);
   be.gather_rows(resid, batch.logit_rows, static_cast<int>(r), sel);
   be.rms_norm(sel, m.final_norm, c.rms_norm_eps, sel_normed);
   Tensor logits = ws.logits.slice(0, r);

@@ -98,6 +98,27 @@ class Backend {
   // out[n, m] = x[n, k] @ w[m, k]^T (+ bias[m]); w any dtype (packed), bias F32 or undefined.
   virtual void matmul(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out) = 0;
 
+  // residual[n, m] += x[n, k] @ w[m, k]^T: a projection (o, down) with the
+  // residual add folded in. w any dtype (packed); residual and scratch
+  // [n, m] of x's dtype; x must not overlap residual. scratch is a buffer a
+  // backend may use for the product (this default: matmul into scratch,
+  // then add, two roundings to the activation dtype) or leave unwritten
+  // (a backend that fuses: the add inside the GEMM/GEMV epilogue, residual =
+  // round(residual + sum) with the sum in fp32, one rounding).
+  virtual void matmul_add(const Tensor& x, const Tensor& w, Tensor& residual, Tensor& scratch) {
+    matmul(x, w, Tensor(), scratch);
+    add(residual, scratch);
+  }
+  // True when matmul_add at activations of dtype `act` is one pass over the
+  // residual (no product written and read back). The model then runs
+  // matmul_add + rms_norm where it would run matmul + add_rms_norm (half
+  // the norm's traffic); false keeps the unfused sequence and its exact
+  // results (the CPU backend).
+  virtual bool fuses_matmul_add(DType act) const {
+    (void)act;
+    return false;
+  }
+
   // Per-head RMSNorm (Qwen3 q/k norm): x [n, heads, head_dim] in place, w [head_dim].
   virtual void head_rms_norm(Tensor& x, const Tensor& w, float eps) = 0;
 

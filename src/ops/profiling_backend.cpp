@@ -261,6 +261,17 @@ void ProfilingBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bi
   timed(label_buf_, bytes, flops, [&] { inner_->matmul(x, w, bias, out); });
 }
 
+void ProfilingBackend::matmul_add(const Tensor& x, const Tensor& w, Tensor& residual, Tensor& scratch) {
+  if (recording()) {
+    std::snprintf(label_buf_, sizeof label_buf_, "matmul+add %lldx%lld %s", static_cast<long long>(w.rows()),
+                  static_cast<long long>(w.cols()), std::string(dtype_name(w.dtype())).c_str());
+  }
+  const double flops =
+      2.0 * static_cast<double>(x.rows()) * static_cast<double>(w.rows()) * static_cast<double>(w.cols());
+  const double bytes = nbytes(w) + nbytes(x) + 2 * nbytes(residual);
+  timed(label_buf_, bytes, flops, [&] { inner_->matmul_add(x, w, residual, scratch); });
+}
+
 void ProfilingBackend::head_rms_norm(Tensor& x, const Tensor& w, float eps) {
   timed("head_rms_norm", 2 * nbytes(x) + nbytes(w), 0, [&] { inner_->head_rms_norm(x, w, eps); });
 }

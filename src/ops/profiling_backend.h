@@ -6,10 +6,12 @@
 //   phase: "prefill" (a step with more tokens than sequences), "decode" (one
 //          token per sequence), "other" (a step of KV page copies only);
 //   group: the op ("rms_norm", "attention", "sample", "copy to device", ...);
-//          matmuls by weight shape and dtype: "matmul 6144x4096 bf16" (m x k).
+//          matmuls by weight shape and dtype: "matmul 6144x4096 bf16" (m x k);
+//          matmul_add (the residual add folded in) as "matmul+add 4096x4096 bf16".
 // Bytes are the minimum traffic of the op (each operand read once, each
-// output written once; attention: the KV positions each sequence reads, plus
-// q and out); FLOPs count 2 per multiply-add (matmul 2*n*m*k, attention
+// output written once; matmul_add: the residual read and written; attention:
+// the KV positions each sequence reads, plus q and out); FLOPs count 2 per
+// multiply-add (matmul and matmul_add 2*n*m*k, attention
 // 4*heads*head_dim per (query token, attended position)). Attention lengths
 // come from the step's host arrays (begin_step), never from device memory.
 //
@@ -109,6 +111,11 @@ class ProfilingBackend final : public Backend {
   void add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& w, float eps, Tensor& out) override;
   void add(Tensor& x, const Tensor& y) override;
   void matmul(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out) override;
+  // Forwarded whole (timed as one op): the model's choice of sequence
+  // follows the inner backend's fuses_matmul_add, and a fused inner call
+  // stays fused under profiling.
+  void matmul_add(const Tensor& x, const Tensor& w, Tensor& residual, Tensor& scratch) override;
+  bool fuses_matmul_add(DType act) const override { return inner_->fuses_matmul_add(act); }
   void head_rms_norm(Tensor& x, const Tensor& w, float eps) override;
   void rope(Tensor& q, Tensor& k, const int32_t* positions, const RopeTable& table) override;
   void silu_mul(const Tensor& gate_up, Tensor& out) override;

@@ -20,6 +20,12 @@ struct CudaBackendOptions {
   // Splits of the KV range in paged attention: 0 chooses per step from the
   // shapes and the SM count; > 0 forces that many (tests of the merge path).
   int attention_splits = 0;
+  // BF16/F16 activations: report fuses_matmul_add, so the model adds the
+  // o and down projections into the residual inside the GEMM/GEMV
+  // (matmul_add) and norms with rms_norm instead of add_rms_norm. False, or
+  // OSPREY_FUSED_RESIDUAL=0 in the environment, keeps the unfused sequence
+  // (A/B runs and tests). matmul_add itself is fused either way.
+  bool fused_residual = true;
 };
 
 // Number of CUDA devices the driver reports; 0 when there is no driver or GPU.

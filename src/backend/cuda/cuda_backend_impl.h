@@ -52,6 +52,13 @@ class CudaBackend final : public ops::Backend {
   void add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& w, float eps, Tensor& out) override;
   void add(Tensor& x, const Tensor& y) override;
   void matmul(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out) override;
+  // One pass on every path (gemm/matmul.cpp): the GEMV adds the residual in
+  // its epilogue, cuBLASLt/cuBLAS run with beta = 1 and C = D = residual;
+  // scratch is left unwritten.
+  void matmul_add(const Tensor& x, const Tensor& w, Tensor& residual, Tensor& scratch) override;
+  // BF16/F16 activations, unless CudaBackendOptions::fused_residual is off or
+  // OSPREY_FUSED_RESIDUAL=0 (read once).
+  bool fuses_matmul_add(DType act) const override;
   void head_rms_norm(Tensor& x, const Tensor& w, float eps) override;
   void rope(Tensor& q, Tensor& k, const int32_t* positions, const ops::RopeTable& table) override;
   void silu_mul(const Tensor& gate_up, Tensor& out) override;
@@ -112,9 +119,12 @@ class CudaBackend final : public ops::Backend {
   // heuristics. Falls back to cublasGemmEx when cuBLASLt offers no algorithm.
   void lt_gemm(const void* w, const void* x, int64_t n, int64_t m, int64_t k, DType out_type, void* out, int64_t ldo,
                bool accumulate, DType in_type = DType::kBF16);
+  // matmul (add_to_out false) and matmul_add (true: out += x @ w^T, no
+  // bias) after their argument checks: the path dispatch of gemm/matmul.cpp.
+  void matmul_into(const Tensor& x, const Tensor& w, const float* bias, Tensor& out, bool add_to_out);
   // matmul with 16-bit activations (x BF16 or F16, out x's dtype or F32), n
-  // above the GEMV threshold.
-  void matmul_bf16(const Tensor& x, const Tensor& w, const float* bias, Tensor& out);
+  // above the GEMV threshold; add_to_out: out += product (no bias then).
+  void matmul_bf16(const Tensor& x, const Tensor& w, const float* bias, Tensor& out, bool add_to_out);
 
   struct LtPlan {
     cublasLtMatmulDesc_t desc = nullptr;
@@ -127,6 +137,8 @@ class CudaBackend final : public ops::Backend {
   using LtKey = std::tuple<int64_t, int64_t, int64_t, int64_t, int, bool, uint64_t, int>;
   LtPlan& lt_plan(const LtKey& key);
   // Autotuning of a new plan and the heuristic's candidates: gemm/matmul.cpp.
+  // An accumulating plan (beta = 1) is timed with C = out and D = tune_out_,
+  // so out is left as it was.
   void lt_tune(const LtKey& key, LtPlan& plan, const void* w, const void* x, void* out);
   static std::vector<cublasLtMatmulHeuristicResult_t> lt_candidates(cublasLtHandle_t lt, cublasLtMatmulDesc_t desc,
                                                                     cublasLtMatrixLayout_t la,
@@ -148,6 +160,7 @@ class CudaBackend final : public ops::Backend {
   DeviceBuffer cublas_workspace_;
   DeviceBuffer act_scratch_;    // activations converted to F16/BF16
   DeviceBuffer panel_scratch_;  // dequantised weight panels (fp32, or the 16-bit activation dtype)
+  DeviceBuffer tune_out_;       // D of accumulating (beta = 1) plans while they are timed (lt_tune)
   DeviceBuffer attn_acc_;       // split attention partials
   DeviceBuffer attn_ml_;
   // The decode kernel's split-merge counters (kernels.h split_tickets):

@@ -103,12 +103,15 @@ void launch_qkv_rope_kv_write(const QkvRopeArgs& args, cudaStream_t stream);
 // Rows handled per GEMV pass: larger n runs in passes of this many rows.
 constexpr int kGemvRowsPerPass = 8;
 
-// out[i, j] = dot(x[i, :], dequant(w row j)) (+ bias[j]) for i < n, j < m, in
-// fp32 accumulation; x of x_dtype (F32/BF16/F16), out of out_dtype (F32 or x_dtype)
-// with leading dimension m. w rows are row_bytes apart; k % 32 == 0 for the
-// quantised dtypes. bias may be null.
+// out[i, j] = dot(x[i, :], dequant(w row j)) (+ bias[j]) (+ out[i, j] when
+// accumulate) for i < n, j < m, in fp32 accumulation; x of x_dtype
+// (F32/BF16/F16), out of out_dtype (F32 or x_dtype) with leading dimension
+// m. w rows are row_bytes apart; k % 32 == 0 for the quantised dtypes. bias
+// may be null. accumulate: out is read (after the PDL wait) and the fp32 sum
+// (dot + bias) + out rounded once to out_dtype; x must not overlap out.
 void launch_gemv(DType dtype, const void* w, int64_t row_bytes, int64_t m, int64_t k, DType x_dtype, const void* x,
-                 int64_t n, const float* bias, DType out_dtype, void* out, cudaStream_t stream);
+                 int64_t n, const float* bias, DType out_dtype, void* out, cudaStream_t stream,
+                 bool accumulate = false);
 
 // One activation row with the SiLU-and-mul folded in: out[j] = silu(g[j]) *
 // u[j] for j < f, where g[j] = dot(x, w row j) and u[j] = dot(x, w row f + j),

@@ -119,6 +119,13 @@ class ProfilingBackend final : public ops::Backend {
     timed(label, [&] { b_.matmul(x, w, bias, o); });
     bytes_[label] = static_cast<double>(w.nbytes());
   }
+  // Forwarded whole, so the model takes the inner backend's residual sequence.
+  void matmul_add(const Tensor& x, const Tensor& w, Tensor& r, Tensor& s) override {
+    const std::string label = "matmul+add " + std::to_string(w.dim(0)) + "x" + std::to_string(w.dim(1));
+    timed(label, [&] { b_.matmul_add(x, w, r, s); });
+    bytes_[label] = static_cast<double>(w.nbytes());
+  }
+  bool fuses_matmul_add(DType act) const override { return b_.fuses_matmul_add(act); }
   void head_rms_norm(Tensor& x, const Tensor& w, float eps) override {
     timed("head_rms_norm", [&] { b_.head_rms_norm(x, w, eps); });
   }
@@ -372,7 +379,8 @@ int main(int argc, char** argv) {
   if (contexts.empty()) contexts = {512, 2048, 4096, 8192};
   if (batches.empty()) batches = {1};
   const std::string env_lt = std::string("OSPREY_LT_AUTOTUNE=") + env_or("OSPREY_LT_AUTOTUNE", "(unset)") +
-                             " OSPREY_LT_FINE_MAX=" + env_or("OSPREY_LT_FINE_MAX", "(unset)");
+                             " OSPREY_LT_FINE_MAX=" + env_or("OSPREY_LT_FINE_MAX", "(unset)") +
+                             " OSPREY_FUSED_RESIDUAL=" + env_or("OSPREY_FUSED_RESIDUAL", "(unset)");
   std::printf("env: %s\n", env_lt.c_str());
 
   // Copy bandwidth ceiling: 2 GiB device to device, read + write counted.

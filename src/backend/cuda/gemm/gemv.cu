@@ -4,6 +4,8 @@
 // Launched with programmatic dependent launch (pdl.cuh): at one activation
 // row of F16/BF16 weights the first weight chunks are loaded while the
 // kernel before it (norm, SiLU-and-mul) still runs.
+// An accumulate flag adds the output's old value in the epilogue (matmul_add:
+// the residual stream, one fp32 add before the one rounding).
 // Also the batch-1 gate/up GEMV with the SiLU-and-mul folded in
 // (launch_gemv_silu_mul) and the fp32 dequantisation of weight panels for
 // the GEMM fallback.
@@ -119,7 +121,9 @@ __device__ __forceinline__ float lane_dot16(const char* wr, const uint4 (&pre)[k
   return acc;
 }
 
-// out[r * ldo + row] = dot(x[r * k : +k], w row) (+ bias[row]) for r < n <= kN.
+// out[r * ldo + row] = dot(x[r * k : +k], w row) (+ bias[row]) for r < n <= kN;
+// accumulate: + out[r * ldo + row] too, read after pdl_wait and added in
+// fp32 before the one rounding to OT (matmul_add: the residual).
 // kVec: rows and x are 16-byte aligned and k % 8 == 0 (dense) / k % 32 == 0 (quantised).
 // kNR: activation rows the kernel is compiled for (1 for batch-1 decode:
 // fewer registers, more warps resident, no wave tail at 4096-row matrices).
@@ -128,7 +132,7 @@ __device__ __forceinline__ float lane_dot16(const char* wr, const uint4 (&pre)[k
 template <DType T, class XT, class OT, bool kVec, int kNR, int kPreGroups = 1>
 __global__ void __launch_bounds__(kWarps * 32)
     gemv_kernel(const char* __restrict__ w, int64_t row_bytes, int64_t m, int64_t k, const XT* __restrict__ x, int n,
-                const float* __restrict__ bias, OT* __restrict__ out, int64_t ldo) {
+                const float* __restrict__ bias, OT* __restrict__ out, int64_t ldo, bool accumulate) {
   // Batch 1 only: more rows would hold kNR accumulators across the wait too.
   constexpr bool kPre = kVec && kNR == 1 && (T == DType::kF16 || T == DType::kBF16);
   constexpr int kPreChunks = kPre ? kPreGroups * kUnroll : 1;
@@ -221,7 +225,11 @@ __global__ void __launch_bounds__(kWarps * 32)
   for (int r = 0; r < kNR; ++r) {
     if (r < n) {
       const float s = warp_sum(acc[r]);
-      if (lane == 0) out[r * ldo + row] = from_float<OT>(s + (bias ? bias[row] : 0.0f));
+      if (lane == 0) {
+        float v = s + (bias ? bias[row] : 0.0f);
+        if (accumulate) v += to_float(out[r * ldo + row]);
+        out[r * ldo + row] = from_float<OT>(v);
+      }
     }
   }
 }
@@ -282,7 +290,7 @@ __global__ void dequant_rows_kernel(const char* __restrict__ w, int64_t row_byte
 
 template <DType T, class XT, class OT>
 void gemv_typed(const void* w, int64_t row_bytes, int64_t m, int64_t k, const XT* x, int64_t n, const float* bias,
-                OT* out, cudaStream_t stream) {
+                OT* out, bool accumulate, cudaStream_t stream) {
   const bool vec = aligned16(w) && aligned16(x) && row_bytes % 16 == 0 && (dtype_is_quantized(T) || k % 8 == 0) &&
                    (k * static_cast<int64_t>(sizeof(XT))) % 16 == 0;
   const auto* wp = static_cast<const char*>(w);
@@ -294,43 +302,43 @@ void gemv_typed(const void* w, int64_t row_bytes, int64_t m, int64_t k, const XT
     // Quantised rows need no 16-byte alignment: blocks are read in 2-byte words.
     const bool v = vec || (dtype_is_quantized(T) && aligned16(xp) && (k * static_cast<int64_t>(sizeof(XT))) % 16 == 0);
     if (v && rows == 1) {
-      launch_pdl(gemv_kernel<T, XT, OT, true, 1, kPreGroups1>, dim3(grid), dim3(kWarps * 32), 0, stream, wp, row_bytes, m,
-                 k, xp, rows, bias, op, m);
+      launch_pdl(gemv_kernel<T, XT, OT, true, 1, kPreGroups1>, dim3(grid), dim3(kWarps * 32), 0, stream, wp, row_bytes,
+                 m, k, xp, rows, bias, op, m, accumulate);
     } else if (v) {
-      launch_pdl(gemv_kernel<T, XT, OT, true, kN>, dim3(grid), dim3(kWarps * 32), 0, stream, wp, row_bytes, m, k, xp, rows,
-                 bias, op, m);
+      launch_pdl(gemv_kernel<T, XT, OT, true, kN>, dim3(grid), dim3(kWarps * 32), 0, stream, wp, row_bytes, m, k, xp,
+                 rows, bias, op, m, accumulate);
     } else {
-      launch_pdl(gemv_kernel<T, XT, OT, false, kN>, dim3(grid), dim3(kWarps * 32), 0, stream, wp, row_bytes, m, k, xp, rows,
-                 bias, op, m);
+      launch_pdl(gemv_kernel<T, XT, OT, false, kN>, dim3(grid), dim3(kWarps * 32), 0, stream, wp, row_bytes, m, k, xp,
+                 rows, bias, op, m, accumulate);
     }
   }
 }
 
 template <class XT, class OT>
 void gemv_for_types(DType dtype, const void* w, int64_t row_bytes, int64_t m, int64_t k, const void* x, int64_t n,
-                    const float* bias, void* out, cudaStream_t stream) {
+                    const float* bias, void* out, bool accumulate, cudaStream_t stream) {
   const auto* xp = static_cast<const XT*>(x);
   auto* op = static_cast<OT*>(out);
   OSP_DISPATCH_WEIGHT(dtype, W, "gemv: unsupported weight dtype ",
-                      gemv_typed<W>(w, row_bytes, m, k, xp, n, bias, op, stream));
+                      gemv_typed<W>(w, row_bytes, m, k, xp, n, bias, op, accumulate, stream));
 }
 
 }  // namespace
 
 void launch_gemv(DType dtype, const void* w, int64_t row_bytes, int64_t m, int64_t k, DType x_dtype, const void* x,
-                 int64_t n, const float* bias, DType out_dtype, void* out, cudaStream_t stream) {
+                 int64_t n, const float* bias, DType out_dtype, void* out, cudaStream_t stream, bool accumulate) {
   if (n == 0 || m == 0) return;
   OSP_CHECK_LE(ceil_div(m, kWarps), int64_t{2147483647});
   if (x_dtype == DType::kF32 && out_dtype == DType::kF32) {
-    gemv_for_types<float, float>(dtype, w, row_bytes, m, k, x, n, bias, out, stream);
+    gemv_for_types<float, float>(dtype, w, row_bytes, m, k, x, n, bias, out, accumulate, stream);
   } else if (x_dtype == DType::kBF16 && out_dtype == DType::kBF16) {
-    gemv_for_types<__nv_bfloat16, __nv_bfloat16>(dtype, w, row_bytes, m, k, x, n, bias, out, stream);
+    gemv_for_types<__nv_bfloat16, __nv_bfloat16>(dtype, w, row_bytes, m, k, x, n, bias, out, accumulate, stream);
   } else if (x_dtype == DType::kBF16 && out_dtype == DType::kF32) {
-    gemv_for_types<__nv_bfloat16, float>(dtype, w, row_bytes, m, k, x, n, bias, out, stream);
+    gemv_for_types<__nv_bfloat16, float>(dtype, w, row_bytes, m, k, x, n, bias, out, accumulate, stream);
   } else if (x_dtype == DType::kF16 && out_dtype == DType::kF16) {
-    gemv_for_types<__half, __half>(dtype, w, row_bytes, m, k, x, n, bias, out, stream);
+    gemv_for_types<__half, __half>(dtype, w, row_bytes, m, k, x, n, bias, out, accumulate, stream);
   } else if (x_dtype == DType::kF16 && out_dtype == DType::kF32) {
-    gemv_for_types<__half, float>(dtype, w, row_bytes, m, k, x, n, bias, out, stream);
+    gemv_for_types<__half, float>(dtype, w, row_bytes, m, k, x, n, bias, out, accumulate, stream);
   } else {
     OSP_CHECK_MSG(false, "gemv: unsupported activation/output dtypes " << dtype_name(x_dtype) << " -> "
                                                                        << dtype_name(out_dtype));

@@ -1,6 +1,11 @@
 // CudaBackend::matmul: out[n, m] = x[n, k] @ w[m, k]^T (+ bias), any weight
 // dtype; activations F32 (out F32) or 16-bit BF16/F16 (out the activation
-// dtype, or F32 for logits).
+// dtype, or F32 for logits). CudaBackend::matmul_add: residual[n, m] +=
+// x @ w^T through the same paths, the add folded into each: the GEMV's
+// epilogue reads the old value (accumulate), cuBLASLt and cuBLAS run with
+// beta = 1 and C = D = residual (in place: same layout and type), the
+// quantised panels accumulate into their columns. One rounding of the fp32
+// sum (residual + product) to the activation dtype.
 //
 // Paths (the row thresholds are where a GEMM starts to beat re-reading the
 // weights once per kGemvRowsPerPass rows):
@@ -60,8 +65,10 @@ constexpr size_t kLtWorkspaceBytes = size_t{32} << 20;  // == the cuBLAS workspa
 // output tok/s. Hence multiples of 8 up to 512 (--max-num-seqs 512 graphs).
 // Not timed: calls inside
 // graph capture (the engine runs every graph's shape eagerly first, so the
-// plan is settled before it is captured) and accumulating calls (beta = 1:
-// repeated runs would change out).
+// plan is settled before it is captured). Accumulating calls (beta = 1: a
+// pre-filled bias, matmul_add's residual) are timed with C = out and D a
+// scratch buffer (tune_out_), so out is written once, by the call itself;
+// their plans are keyed and tuned apart from beta = 0 ones.
 constexpr int kLtCandidates = 8;
 constexpr int64_t kLtTuneMinRows = 16;
 constexpr int64_t kLtFineTuneMaxRows = 512;
@@ -221,8 +228,7 @@ void CudaBackend::lt_tune(const LtKey& key, LtPlan& plan, const void* w, const v
   const bool accumulate = std::get<5>(key);
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   OSP_CUDA_CHECK(cudaStreamIsCapturing(stream_, &capture));
-  if (!plan.ok || n < kLtTuneMinRows || accumulate || capture != cudaStreamCaptureStatusNone ||
-      tune_mode() == TuneMode::kOff) {
+  if (!plan.ok || n < kLtTuneMinRows || capture != cudaStreamCaptureStatusNone || tune_mode() == TuneMode::kOff) {
     return;
   }
   LtKey bucket_key = key;
@@ -238,7 +244,18 @@ void CudaBackend::lt_tune(const LtKey& key, LtPlan& plan, const void* w, const v
   }
   const auto cands = lt_candidates(lt_, plan.desc, plan.a, plan.b, plan.c, std::get<6>(key), kLtCandidates);
   if (cands.size() < 2) return;
-  const float alpha = 1.0f, beta = 0.0f;
+  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+  // D of the timed runs: out itself when beta = 0 (each run rewrites it
+  // whole, the call's own run below writes it last); with beta = 1 a
+  // scratch matrix of out's layout (C = out is only read), so out is
+  // updated once, by the call. The scratch grows only, like the others: the
+  // engine's warm-up at its largest step sizes it before the KV pool.
+  void* d = out;
+  if (accumulate) {
+    const int64_t ldo = std::get<3>(key);
+    const size_t es = static_cast<DType>(std::get<4>(key)) == DType::kF32 ? 4 : 2;
+    d = tune_out_.reserve(static_cast<size_t>(n * ldo) * es, stream_);
+  }
   cudaEvent_t e0 = nullptr, e1 = nullptr;
   OSP_CUDA_CHECK(cudaEventCreate(&e0));
   OSP_CUDA_CHECK(cudaEventCreate(&e1));
@@ -247,7 +264,7 @@ void CudaBackend::lt_tune(const LtKey& key, LtPlan& plan, const void* w, const v
   for (size_t ci = 0; ci < cands.size(); ++ci) {
     const auto& c = cands[ci];
     auto run = [&] {
-      return cublasLtMatmul(lt_, plan.desc, &alpha, w, plan.a, x, plan.b, &beta, out, plan.c, out, plan.c, &c.algo,
+      return cublasLtMatmul(lt_, plan.desc, &alpha, w, plan.a, x, plan.b, &beta, out, plan.c, d, plan.c, &c.algo,
                             cublas_workspace_.get(), kLtWorkspaceBytes, stream_);
     };
     if (run() != CUBLAS_STATUS_SUCCESS) continue;  // warm-up; a candidate that cannot run is skipped
@@ -271,13 +288,13 @@ void CudaBackend::lt_tune(const LtKey& key, LtPlan& plan, const void* w, const v
     lt_best_.emplace(bucket_key, plan.algo);
     if (tune_mode() == TuneMode::kLog) {
       const auto [tn, tm, tk, ldo, out_type, acc, align, in_type] = key;
-      (void)ldo, (void)acc, (void)align;
+      (void)ldo, (void)align;
       std::fprintf(stderr,
-                   "lt autotune n=%lld m=%lld k=%lld %s->%s: %zu candidates, heuristic first %.1f us, best #%zu "
+                   "lt autotune n=%lld m=%lld k=%lld %s->%s%s: %zu candidates, heuristic first %.1f us, best #%zu "
                    "%.1f us (algo %d tile %d stages %d splitk %d)\n",
                    static_cast<long long>(tn), static_cast<long long>(tm), static_cast<long long>(tk),
                    std::string(dtype_name(static_cast<DType>(in_type))).c_str(),
-                   std::string(dtype_name(static_cast<DType>(out_type))).c_str(), cands.size(),
+                   std::string(dtype_name(static_cast<DType>(out_type))).c_str(), acc ? " (beta 1)" : "", cands.size(),
                    1e3 * first_ms / kLtTuneReps, best_i, 1e3 * best_ms / kLtTuneReps,
                    algo_attr(plan.algo, CUBLASLT_ALGO_CONFIG_ID), algo_attr(plan.algo, CUBLASLT_ALGO_CONFIG_TILE_ID),
                    algo_attr(plan.algo, CUBLASLT_ALGO_CONFIG_STAGES_ID),
@@ -309,12 +326,12 @@ void CudaBackend::lt_gemm(const void* w, const void* x, int64_t n, int64_t m, in
                                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
-void CudaBackend::matmul_bf16(const Tensor& x, const Tensor& w, const float* b, Tensor& out) {
+void CudaBackend::matmul_bf16(const Tensor& x, const Tensor& w, const float* b, Tensor& out, bool add_to_out) {
   const int64_t m = w.dim(0), k = w.dim(1), n = x.rows();
   const DType ot = out.dtype();
   const DType xt = x.dtype();  // BF16 or F16: the GEMM's input dtype
   if (b) launch_fill_rows(b, n, m, ot, out.data(), m, stream_);
-  const bool accumulate = b != nullptr;
+  const bool accumulate = b != nullptr || add_to_out;
   if (w.dtype() == xt) {
     lt_gemm(w.data(), x.data(), n, m, k, ot, out.data(), m, accumulate, xt);
     return;
@@ -334,34 +351,70 @@ void CudaBackend::matmul_bf16(const Tensor& x, const Tensor& w, const float* b, 
   }
 }
 
+namespace {
+
+// The operands of matmul / matmul_add: x [n, k] F32/BF16/F16, w [m, k] of a
+// weight dtype, out [n, m]; all in device memory.
+void check_matmul_operands(const Tensor& x, const Tensor& w, const Tensor& out, const char* what) {
+  OSP_CHECK_MSG(x.device() == Device::kCuda && w.device() == Device::kCuda && out.device() == Device::kCuda,
+                what << " tensors must be in CUDA device memory");
+  OSP_CHECK_EQ(w.ndim(), 2);
+  OSP_CHECK_MSG(is_weight_dtype(w.dtype()), what << ": unsupported weight dtype " << dtype_name(w.dtype()));
+  OSP_CHECK_EQ(x.cols(), w.dim(1));
+  OSP_CHECK_EQ(out.rows(), x.rows());
+  OSP_CHECK_EQ(out.cols(), w.dim(0));
+  if (dtype_is_quantized(w.dtype())) OSP_CHECK_EQ(w.dim(1) % kQuantBlock, 0);
+}
+
+}  // namespace
+
 void CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out) {
   const DType xt = x.dtype(), ot = out.dtype();
   OSP_CHECK_MSG((xt == DType::kF32 && ot == DType::kF32) ||
                     ((xt == DType::kBF16 || xt == DType::kF16) && (ot == xt || ot == DType::kF32)),
                 "matmul: activations F32 -> F32, BF16 -> BF16/F32 or F16 -> F16/F32, got " << dtype_name(xt) << " -> "
                                                                                            << dtype_name(ot));
-  OSP_CHECK_MSG(x.device() == Device::kCuda && w.device() == Device::kCuda && out.device() == Device::kCuda,
-                "matmul tensors must be in CUDA device memory");
-  OSP_CHECK_EQ(w.ndim(), 2);
-  OSP_CHECK_MSG(is_weight_dtype(w.dtype()), "matmul: unsupported weight dtype " << dtype_name(w.dtype()));
-  const int64_t m = w.dim(0);
-  const int64_t k = w.dim(1);
-  const int64_t n = x.rows();
-  OSP_CHECK_EQ(x.cols(), k);
-  OSP_CHECK_EQ(out.rows(), n);
-  OSP_CHECK_EQ(out.cols(), m);
-  const bool quant = dtype_is_quantized(w.dtype());
-  if (quant) OSP_CHECK_EQ(k % kQuantBlock, 0);
+  check_matmul_operands(x, w, out, "matmul");
   const float* b = nullptr;
   if (bias.defined()) {
     OSP_CHECK_MSG(bias.dtype() == DType::kF32 && bias.device() == Device::kCuda,
                   "matmul bias must be F32 on the device");
-    OSP_CHECK_EQ(bias.numel(), m);
+    OSP_CHECK_EQ(bias.numel(), w.dim(0));
     b = bias.data_as<float>();
   }
+  matmul_into(x, w, b, out, false);
+}
+
+void CudaBackend::matmul_add(const Tensor& x, const Tensor& w, Tensor& residual, Tensor& scratch) {
+  (void)scratch;  // every path adds in place
+  const DType xt = x.dtype();
+  OSP_CHECK_MSG((xt == DType::kF32 || xt == DType::kBF16 || xt == DType::kF16) && residual.dtype() == xt,
+                "matmul_add: x and residual F32, BF16 or F16 of one dtype, got " << dtype_name(xt) << " and "
+                                                                                 << dtype_name(residual.dtype()));
+  check_matmul_operands(x, w, residual, "matmul_add");
+  const char* xb = static_cast<const char*>(x.data());
+  const char* rb = static_cast<const char*>(residual.data());
+  OSP_CHECK_MSG(x.numel() == 0 || residual.numel() == 0 || xb + x.nbytes() <= rb || rb + residual.nbytes() <= xb,
+                "matmul_add: x and residual overlap");
+  matmul_into(x, w, nullptr, residual, true);
+}
+
+bool CudaBackend::fuses_matmul_add(DType act) const {
+  static const bool env_off = env_equals("OSPREY_FUSED_RESIDUAL", "0");
+  return options_.fused_residual && !env_off && (act == DType::kBF16 || act == DType::kF16);
+}
+
+void CudaBackend::matmul_into(const Tensor& x, const Tensor& w, const float* b, Tensor& out, bool add_to_out) {
+  OSP_CHECK(b == nullptr || !add_to_out);
+  const DType xt = x.dtype(), ot = out.dtype();
+  const int64_t m = w.dim(0);
+  const int64_t k = w.dim(1);
+  const int64_t n = x.rows();
+  const bool quant = dtype_is_quantized(w.dtype());
   if (n == 0 || m == 0) return;
   bind_device();
-  if (k == 0) {  // empty sum: out = bias or 0
+  if (k == 0) {  // empty sum: out = bias or 0; matmul_add leaves out as it is
+    if (add_to_out) return;
     if (b) {
       launch_fill_rows(b, n, m, ot, out.data(), m, stream_);
     } else {
@@ -371,17 +424,17 @@ void CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias, T
   }
 
   if (n <= (quant ? kQuantGemvMaxRows : kDenseGemvMaxRows)) {
-    launch_gemv(w.dtype(), w.data(), w.row_bytes(), m, k, xt, x.data(), n, b, ot, out.data(), stream_);
+    launch_gemv(w.dtype(), w.data(), w.row_bytes(), m, k, xt, x.data(), n, b, ot, out.data(), stream_, add_to_out);
     return;
   }
   if (xt == DType::kBF16 || xt == DType::kF16) {
-    matmul_bf16(x, w, b, out);
+    matmul_bf16(x, w, b, out, add_to_out);
     return;
   }
   float* o = out.data_as<float>();
   const float* xp = x.data_as<float>();
   if (b) launch_fill_rows(b, n, m, DType::kF32, o, m, stream_);
-  const bool accumulate = b != nullptr;
+  const bool accumulate = b != nullptr || add_to_out;
 
   if (w.dtype() == DType::kF32) {
     gemm(w.data(), CUDA_R_32F, xp, CUDA_R_32F, n, m, k, o, m, accumulate);

@@ -1,0 +1,163 @@
+// Model::forward's residual sequence on a backend that reports
+// fuses_matmul_add: matmul_add (o and down projections into the residual)
+// and rms_norm replace matmul + add_rms_norm, and no add runs before the
+// final norm. Checked on the CPU through a forwarding backend that claims
+// the fusion but keeps Backend::matmul_add's default (matmul into scratch,
+// then add): the same fp32 operations as the unfused sequence, so the
+// logits must be bit-identical to the plain CPU backend's; and the op
+// counts show which sequence ran. Also ops::ProfilingBackend over such a
+// backend: it forwards the claim and files matmul_add as "matmul+add MxK".
+#include <gtest/gtest.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/model.h"
+#include "ops/backend.h"
+#include "ops/profiling_backend.h"
+#include "sequence_runner.h"
+
+namespace osprey {
+namespace {
+
+// Forwards every op to a CPU backend, counting the residual ops; reports
+// fuses_matmul_add(F32) = claim_fusion.
+class FusionClaimingBackend final : public ops::Backend {
+ public:
+  explicit FusionClaimingBackend(bool claim_fusion) : inner_(ops::make_cpu_backend(1)), claim_(claim_fusion) {}
+  std::map<std::string, int> calls;
+
+  Device device() const override { return inner_->device(); }
+  const char* name() const override { return "fusion-claiming cpu"; }
+  void* alloc(size_t bytes) override { return inner_->alloc(bytes); }
+  void free(void* p) override { inner_->free(p); }
+  void copy_to_device(void* d, const void* s, size_t n) override { inner_->copy_to_device(d, s, n); }
+  void copy_to_host(void* d, const void* s, size_t n) override { inner_->copy_to_host(d, s, n); }
+  void synchronize() override { inner_->synchronize(); }
+  void embedding(const Tensor& t, const int32_t* ids, Tensor& out) override { inner_->embedding(t, ids, out); }
+  void rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& out) override {
+    ++calls["rms_norm"];
+    inner_->rms_norm(x, w, eps, out);
+  }
+  void add_rms_norm(Tensor& r, const Tensor& x, const Tensor& w, float eps, Tensor& out) override {
+    ++calls["add_rms_norm"];
+    inner_->add_rms_norm(r, x, w, eps, out);
+  }
+  void add(Tensor& x, const Tensor& y) override {
+    ++calls["add"];
+    inner_->add(x, y);
+  }
+  void matmul(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& out) override {
+    ++calls["matmul"];
+    inner_->matmul(x, w, b, out);
+  }
+  void matmul_add(const Tensor& x, const Tensor& w, Tensor& residual, Tensor& scratch) override {
+    ++calls["matmul_add"];
+    ops::Backend::matmul_add(x, w, residual, scratch);  // the default, through this class's matmul and add
+  }
+  bool fuses_matmul_add(DType act) const override { return claim_ && act == DType::kF32; }
+  void head_rms_norm(Tensor& x, const Tensor& w, float eps) override { inner_->head_rms_norm(x, w, eps); }
+  void rope(Tensor& q, Tensor& k, const int32_t* p, const ops::RopeTable& t) override { inner_->rope(q, k, p, t); }
+  void silu_mul(const Tensor& g, Tensor& out) override { inner_->silu_mul(g, out); }
+  void kv_write(const Tensor& k, const Tensor& v, const ops::AttentionBatch& b, ops::LayerKv& kv) override {
+    inner_->kv_write(k, v, b, kv);
+  }
+  void paged_attention(const Tensor& q, const ops::LayerKv& kv, const ops::AttentionBatch& b, float scale, int window,
+                       Tensor& out) override {
+    inner_->paged_attention(q, kv, b, scale, window, out);
+  }
+  void gather_rows(const Tensor& x, const int32_t* rows, int n, Tensor& out) override {
+    inner_->gather_rows(x, rows, n, out);
+  }
+  void fill_rows_from(const Tensor& x, const int32_t* rows, int n, Tensor& out) override {
+    inner_->fill_rows_from(x, rows, n, out);
+  }
+  DType default_activation_dtype() const override { return inner_->default_activation_dtype(); }
+  bool supports_activation_dtype(DType t) const override { return inner_->supports_activation_dtype(t); }
+  void convert(const Tensor& s, Tensor& d) override { inner_->convert(s, d); }
+  void fill_uniform(Tensor& t, uint64_t seed, float lo, float hi) override { inner_->fill_uniform(t, seed, lo, hi); }
+  void qkv_rope_kv_write(const Tensor& qkv, const Tensor& qn, const Tensor& kn, float eps, const ops::RopeTable& rope,
+                         const ops::AttentionBatch& b, ops::LayerKv& kv, Tensor& q) override {
+    inner_->qkv_rope_kv_write(qkv, qn, kn, eps, rope, b, kv, q);
+  }
+
+ private:
+  std::unique_ptr<ops::Backend> inner_;
+  bool claim_;
+};
+
+// A prompt (all rows' logits) and three decode steps through one fixture.
+std::vector<float> run(ops::Backend& be, const std::string& fixture, int* num_layers) {
+  auto model = Model::load(std::string(OSPREY_SOURCE_DIR) + "/tests/fixtures/" + fixture, be, {});
+  EXPECT_TRUE(model.ok()) << model.status().to_string();
+  if (!model.ok()) return {};
+  *num_layers = (*model)->config().num_layers;
+  testing::SequenceRunner seq(**model, 32, 4);
+  std::vector<float> out = seq.feed({3, 17, 5, 9, 200, 44, 8, 1, 90}, true);
+  for (int32_t t : {7, 300, 12}) {
+    const std::vector<float> l = seq.feed({t}, false);
+    out.insert(out.end(), l.begin(), l.end());
+  }
+  return out;
+}
+
+TEST(FusedResidual, ClaimedFusionRunsMatmulAddAndKeepsTheLogits) {
+  for (const char* fixture : {"llama", "qwen2", "qwen3", "mistral"}) {
+    FusionClaimingBackend plain(false), fused(true);
+    int layers = 0;
+    const std::vector<float> want = run(plain, fixture, &layers);
+    const std::vector<float> got = run(fused, fixture, &layers);
+    ASSERT_FALSE(want.empty()) << fixture;
+    EXPECT_EQ(got, want) << fixture << ": same fp32 operations, other order of calls";
+    const int steps = 4;  // forwards
+    // Unfused: add_rms_norm twice a layer but layer 0's first; the final add.
+    EXPECT_EQ(plain.calls["matmul_add"], 0) << fixture;
+    EXPECT_EQ(plain.calls["add_rms_norm"], steps * (2 * layers - 1)) << fixture;
+    EXPECT_EQ(plain.calls["add"], steps) << fixture;
+    EXPECT_EQ(plain.calls["rms_norm"], steps * 2) << fixture;
+    // Fused: matmul_add for o and down (each an add through the default), norms without the add.
+    EXPECT_EQ(fused.calls["matmul_add"], steps * 2 * layers) << fixture;
+    EXPECT_EQ(fused.calls["add_rms_norm"], 0) << fixture;
+    EXPECT_EQ(fused.calls["add"], steps * 2 * layers) << fixture;
+    EXPECT_EQ(fused.calls["rms_norm"], steps * (2 * layers + 1)) << fixture;
+    EXPECT_EQ(fused.calls["matmul"], plain.calls["matmul"]) << fixture;  // matmul_add's default calls matmul
+  }
+}
+
+TEST(FusedResidual, ProfilingBackendForwardsTheClaimAndFilesMatmulAdd) {
+  auto inner = std::make_unique<FusionClaimingBackend>(true);
+  FusionClaimingBackend& rec = *inner;
+  ops::ProfilingBackend prof(std::move(inner));
+  EXPECT_TRUE(prof.fuses_matmul_add(DType::kF32));
+  EXPECT_FALSE(prof.fuses_matmul_add(DType::kBF16));
+  // One call by hand: x [3, 8], w [5, 8], residual [3, 5], all F32.
+  std::vector<float> x(24, 0.5f), w(40, 0.25f), r(15, 1.0f), scratch(15, 0.0f);
+  Tensor xt(x.data(), DType::kF32, {3, 8}), wt(w.data(), DType::kF32, {5, 8});
+  Tensor rt(r.data(), DType::kF32, {3, 5}), st(scratch.data(), DType::kF32, {3, 5});
+  const std::vector<int32_t> qi = {0, 3}, kl = {3};
+  prof.begin_step({1, 3, qi, kl});
+  prof.matmul_add(xt, wt, rt, st);
+  prof.end_step();
+  EXPECT_EQ(r, std::vector<float>(15, 2.0f));  // 1 + 8 * 0.5 * 0.25
+  EXPECT_EQ(rec.calls["matmul_add"], 1);
+  const ops::ProfileSnapshot snap = prof.snapshot();
+  ASSERT_EQ(snap.groups.size(), 1u);
+  EXPECT_EQ(snap.groups[0].phase, "prefill");
+  EXPECT_EQ(snap.groups[0].group, "matmul+add 5x8 F32");
+  EXPECT_EQ(snap.groups[0].calls, 1);
+  EXPECT_DOUBLE_EQ(snap.groups[0].flops, 2.0 * 3 * 5 * 8);
+  EXPECT_DOUBLE_EQ(snap.groups[0].bytes, 40 * 4 + 24 * 4 + 2 * 15 * 4);  // w + x + residual read and written
+
+  // A fixture's steps through the profiler take the fused sequence and keep the logits.
+  FusionClaimingBackend plain(false);
+  int layers = 0;
+  const std::vector<float> want = run(plain, "llama", &layers);
+  EXPECT_EQ(run(prof, "llama", &layers), want);
+  EXPECT_EQ(rec.calls["matmul_add"], 1 + 4 * 2 * layers);
+  EXPECT_EQ(rec.calls["add_rms_norm"], 0);
+}
+
+}  // namespace
+}  // namespace osprey
