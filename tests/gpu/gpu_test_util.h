@@ -1,7 +1,7 @@
 // Helpers for the GPU tests: random data, quantisers for every weight dtype,
-// device buffers owned through the backend, attention steps (host arrays and
-// their device copy), and error measures (NMSE and max-abs relative to the
-// reference's magnitude).
+// device buffers owned through the backend, attention steps (host arrays in
+// attention_batch.h; their device copy and the kernels' view of it here),
+// and error measures (NMSE and max-abs relative to the reference's magnitude).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -17,7 +17,9 @@
 #include <utility>
 #include <vector>
 
+#include "attention_batch.h"
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/kernels.h"
 #include "core/dtype.h"
 #include "core/tensor.h"
 #include "ops/backend.h"
@@ -124,63 +126,6 @@ std::vector<T> download(ops::Backend& be, const DeviceMem& m, size_t count) {
   return v;
 }
 
-// One attention step's inputs on the host in ops::AttentionBatch's layout
-// (CSR over sequences), built one sequence at a time with add_seq.
-struct HostAttentionBatch {
-  std::vector<int32_t> q_indptr{0}, kv_lens, block_indptr{0}, block_indices, positions, slots;
-  int max_q_len = 0, max_kv_len = 0;
-
-  // Appends a sequence whose q_len query tokens are the last q_len of its
-  // kv_len positions, its KV in `pages` (page i: positions [i * block_size,
-  // (i + 1) * block_size)). Slots address those rows when write_kv, else are
-  // -1 (this step's K/V already in the pages). kv_len 0 with q_len 1 is a
-  // padded sequence: its token at position 0, slot -1.
-  void add_seq(int q_len, int kv_len, std::span<const int32_t> pages, int block_size, bool write_kv) {
-    const int first = std::max(kv_len - q_len, 0);
-    for (int i = 0; i < q_len; ++i) {
-      const int pos = first + i;
-      positions.push_back(pos);
-      slots.push_back(
-          write_kv && kv_len > 0 ? pages[static_cast<size_t>(pos / block_size)] * block_size + pos % block_size : -1);
-    }
-    q_indptr.push_back(static_cast<int32_t>(positions.size()));
-    kv_lens.push_back(kv_len);
-    block_indices.insert(block_indices.end(), pages.begin(), pages.end());
-    block_indptr.push_back(static_cast<int32_t>(block_indices.size()));
-    max_q_len = std::max(max_q_len, q_len);
-    max_kv_len = std::max(max_kv_len, kv_len);
-  }
-  // Pages of sequence s (a view into block_indices).
-  std::span<const int32_t> pages_of(int s) const {
-    const auto b = static_cast<size_t>(block_indptr[static_cast<size_t>(s)]);
-    const auto e = static_cast<size_t>(block_indptr[static_cast<size_t>(s) + 1]);
-    return std::span<const int32_t>(block_indices).subspan(b, e - b);
-  }
-  int num_tokens() const { return static_cast<int>(positions.size()); }
-  int num_seqs() const { return static_cast<int>(kv_lens.size()); }
-
-  // The counts and maxima, no arrays.
-  ops::AttentionBatch sizes() const {
-    ops::AttentionBatch b;
-    b.num_seqs = num_seqs();
-    b.num_tokens = num_tokens();
-    b.max_q_len = max_q_len;
-    b.max_kv_len = max_kv_len;
-    return b;
-  }
-  // A view for the CPU backend: host pointers into this object.
-  ops::AttentionBatch host() const {
-    ops::AttentionBatch b = sizes();
-    b.q_indptr = q_indptr.data();
-    b.kv_lens = kv_lens.data();
-    b.block_indptr = block_indptr.data();
-    b.block_indices = block_indices.data();
-    b.positions = positions.data();
-    b.slot_mapping = slots.data();
-    return b;
-  }
-};
-
 // The arrays of a HostAttentionBatch copied to `be`'s device; `b` points at them.
 struct DeviceAttentionBatch {
   DeviceMem q_indptr, kv_lens, block_indptr, block_indices, positions, slots;
@@ -201,6 +146,23 @@ struct DeviceAttentionBatch {
     b.slot_mapping = slots.as<int32_t>();
   }
 };
+
+// The kernels' arguments with the batch fields of `b` (counts, maxima and
+// the arrays but slot_mapping) set; the caller sets the rest (tensors,
+// heads, page pool, scale, window).
+inline cuda::PagedAttentionArgs paged_attention_args(const ops::AttentionBatch& b) {
+  cuda::PagedAttentionArgs a;
+  a.num_seqs = b.num_seqs;
+  a.num_tokens = b.num_tokens;
+  a.max_q_len = b.max_q_len;
+  a.max_kv_len = b.max_kv_len;
+  a.q_indptr = b.q_indptr;
+  a.kv_lens = b.kv_lens;
+  a.block_indptr = b.block_indptr;
+  a.block_indices = b.block_indices;
+  a.positions = b.positions;
+  return a;
+}
 
 // Error of got against ref: NMSE = sum (got - ref)^2 / sum ref^2, and the
 // largest |got - ref| relative to max |ref|. NaN anywhere makes both infinite.

@@ -47,30 +47,18 @@ struct Seq {
 };
 
 // A prefill step over pages of dt (BF16 or F16; q and out too): random
-// q/k/v (values exact in dt), pages of each sequence in a shuffled order,
-// positions past + i. Owns its device copies.
+// q/k/v (values exact in dt), each sequence's pages a range of its own in
+// shuffled order, positions past + i, slots -1 (this step's K/V already in
+// the pages). Owns its device copies.
 class Problem {
  public:
   Problem(ops::Backend& gpu, Heads h, const std::vector<Seq>& seqs, int bs, uint32_t seed, float scale = 0.0f,
           DType dt = DType::kBF16)
       : h_(h), bs_(bs), scale_(scale != 0.0f ? scale : 1.0f / std::sqrt(static_cast<float>(h.hd))), dt_(dt) {
     std::mt19937 rng(seed);
-    for (const auto& s : seqs) {
-      const int len = s.past + s.q_len;
-      const int np = (len + bs - 1) / bs;
-      std::vector<int32_t> pages(static_cast<size_t>(np));
-      std::iota(pages.begin(), pages.end(), pages_);
-      std::shuffle(pages.begin(), pages.end(), rng);
-      block_indices_.insert(block_indices_.end(), pages.begin(), pages.end());
-      block_indptr_.push_back(static_cast<int32_t>(block_indices_.size()));
-      pages_ += np;
-      for (int i = 0; i < s.q_len; ++i) positions_.push_back(s.past + i);
-      q_indptr_.push_back(q_indptr_.back() + s.q_len);
-      kv_lens_.push_back(len);
-      max_q_ = std::max(max_q_, s.q_len);
-      max_kv_ = std::max(max_kv_, len);
-    }
-    n_ = q_indptr_.back();
+    for (const auto& s : seqs) hb_.add_seq_own_pages(s.q_len, s.past + s.q_len, bs, false, &rng);
+    pages_ = static_cast<int>(hb_.block_indices.size());
+    n_ = hb_.num_tokens();
     const size_t page_elems = static_cast<size_t>(bs) * h.hk * h.hd;
     k_ = from_el(to_el(random_floats(static_cast<size_t>(pages_) * page_elems, seed + 1, -2, 2)));
     v_ = from_el(to_el(random_floats(static_cast<size_t>(pages_) * page_elems, seed + 2, -2, 2)));
@@ -79,16 +67,11 @@ class Problem {
     gv_.emplace(upload(gpu, to_el(v_)));
     gq_.emplace(upload(gpu, to_el(q_)));
     go_.emplace(gpu, q_.size() * 2);
-    d_qi_.emplace(upload(gpu, q_indptr_));
-    d_kl_.emplace(upload(gpu, kv_lens_));
-    d_bi_.emplace(upload(gpu, block_indptr_));
-    d_bx_.emplace(upload(gpu, block_indices_));
-    d_pos_.emplace(upload(gpu, positions_));
-    d_sl_.emplace(upload(gpu, std::vector<int32_t>(static_cast<size_t>(n_), -1)));
+    db_.emplace(gpu, hb_);
   }
 
   cuda::PagedAttentionArgs args() const {
-    cuda::PagedAttentionArgs a;
+    cuda::PagedAttentionArgs a = paged_attention_args(db_->b);
     a.act = dt_;
     a.q = gq_->get();
     a.k_cache = gk_->get();
@@ -99,15 +82,6 @@ class Problem {
     a.hq = h_.hq;
     a.hk = h_.hk;
     a.hd = h_.hd;
-    a.num_seqs = static_cast<int>(kv_lens_.size());
-    a.num_tokens = n_;
-    a.max_q_len = max_q_;
-    a.max_kv_len = max_kv_;
-    a.q_indptr = d_qi_->as<int32_t>();
-    a.kv_lens = d_kl_->as<int32_t>();
-    a.block_indptr = d_bi_->as<int32_t>();
-    a.block_indices = d_bx_->as<int32_t>();
-    a.positions = d_pos_->as<int32_t>();
     a.scale = scale_;
     a.window = h_.window;
     a.out = go_->get();
@@ -127,17 +101,7 @@ class Problem {
   void run(ops::Backend& gpu, int variant) {
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     if (variant == -2) {
-      ops::AttentionBatch b;
-      b.num_seqs = static_cast<int>(kv_lens_.size());
-      b.num_tokens = n_;
-      b.max_q_len = max_q_;
-      b.max_kv_len = max_kv_;
-      b.q_indptr = d_qi_->as<int32_t>();
-      b.kv_lens = d_kl_->as<int32_t>();
-      b.block_indptr = d_bi_->as<int32_t>();
-      b.block_indices = d_bx_->as<int32_t>();
-      b.positions = d_pos_->as<int32_t>();
-      b.slot_mapping = d_sl_->as<int32_t>();
+      ops::AttentionBatch b = db_->b;
       b.num_leading_decodes = leading_decodes_;
       ops::LayerKv kv{Tensor(gk_->get(), dt_, {pages_, bs_, h_.hk, h_.hd}, Device::kCuda),
                       Tensor(gv_->get(), dt_, {pages_, bs_, h_.hk, h_.hd}, Device::kCuda)};
@@ -178,15 +142,15 @@ class Problem {
   // float64 attention of token t, all query heads: [hq * hd].
   std::vector<double> reference(int t) const {
     int seq = 0;
-    while (q_indptr_[static_cast<size_t>(seq) + 1] <= t) ++seq;
-    const int pos = positions_[static_cast<size_t>(t)];
-    const int hi = std::min(pos + 1, kv_lens_[static_cast<size_t>(seq)]);
+    while (hb_.q_indptr[static_cast<size_t>(seq) + 1] <= t) ++seq;
+    const int pos = hb_.positions[static_cast<size_t>(t)];
+    const int hi = std::min(pos + 1, hb_.kv_lens[static_cast<size_t>(seq)]);
     const int lo = h_.window > 0 ? std::max(0, pos - h_.window + 1) : 0;
     const int group = h_.hq / h_.hk;
     std::vector<double> out(static_cast<size_t>(h_.hq) * h_.hd, 0.0);
     std::vector<double> p(static_cast<size_t>(std::max(hi - lo, 0)));
     auto row = [&](const std::vector<float>& cache, int kp, int kvh) {
-      const int page = block_indices_[static_cast<size_t>(block_indptr_[static_cast<size_t>(seq)] + kp / bs_)];
+      const int page = hb_.pages_of(seq)[static_cast<size_t>(kp / bs_)];
       return cache.data() + ((static_cast<size_t>(page) * bs_ + kp % bs_) * h_.hk + kvh) * h_.hd;
     };
     for (int head = 0; head < h_.hq; ++head) {
@@ -223,7 +187,7 @@ class Problem {
     std::vector<float> g;
     const size_t row = static_cast<size_t>(h_.hq) * h_.hd;
     for (int t = 0; t < n_; ++t) {
-      const bool last = std::find(q_indptr_.begin() + 1, q_indptr_.end(), t + 1) != q_indptr_.end();
+      const bool last = std::find(hb_.q_indptr.begin() + 1, hb_.q_indptr.end(), t + 1) != hb_.q_indptr.end();
       if (t % stride != 0 && !last) continue;
       if (fresh) {
         const auto r = reference(t);
@@ -240,7 +204,7 @@ class Problem {
   double causal_flops() const {
     double pairs = 0;
     for (int t = 0; t < n_; ++t) {
-      const int pos = positions_[static_cast<size_t>(t)];
+      const int pos = hb_.positions[static_cast<size_t>(t)];
       pairs += pos + 1 - (h_.window > 0 ? std::max(0, pos - h_.window + 1) : 0);
     }
     return 4.0 * pairs * h_.hq * h_.hd;
@@ -256,13 +220,14 @@ class Problem {
   int bs_;
   float scale_;
   DType dt_;
-  std::vector<int32_t> q_indptr_{0}, kv_lens_, block_indptr_{0}, block_indices_, positions_;
-  int pages_ = 0, max_q_ = 0, max_kv_ = 0, n_ = 0;
+  HostAttentionBatch hb_;  // slots -1
+  int pages_ = 0, n_ = 0;  // pages in the pool (all of hb_'s), tokens
   int leading_decodes_ = 0;
   bool graph_ = false;
   std::vector<float> k_, v_, q_;
   std::vector<double> ref_;
-  std::optional<DeviceMem> gk_, gv_, gq_, go_, d_qi_, d_kl_, d_bi_, d_bx_, d_pos_, d_sl_;
+  std::optional<DeviceMem> gk_, gv_, gq_, go_;
+  std::optional<DeviceAttentionBatch> db_;
 };
 
 std::string tag(Heads h, int bs, int variant) {

@@ -27,10 +27,12 @@
 #include <numeric>
 #include <random>
 #include <functional>
+#include <span>
 #include <string>
 #include <tuple>
 #include <vector>
 
+#include "../attention_batch.h"
 #include "backend/cuda/cuda_backend.h"
 #include "core/dtype.h"
 #include "core/tensor.h"
@@ -100,28 +102,28 @@ double time_decode_attention(ops::Backend& be, int batch, int ctx, size_t& kv_by
   std::vector<int32_t> perm(static_cast<size_t>(num_blocks));
   std::iota(perm.begin(), perm.end(), 0);
   std::shuffle(perm.begin(), perm.end(), std::mt19937(7));
-  std::vector<int32_t> qptr{0}, kvl, bptr{0}, pos;
-  for (int s = 0; s < batch; ++s) {
-    qptr.push_back(s + 1);
-    kvl.push_back(ctx);
-    pos.push_back(ctx - 1);
-    bptr.push_back((s + 1) * pages_per_seq);
-  }
-  int32_t* d_qptr = upload_ints(be, qptr);
-  int32_t* d_kvl = upload_ints(be, kvl);
-  int32_t* d_bptr = upload_ints(be, bptr);
-  int32_t* d_pos = upload_ints(be, pos);
+  // Set i, sequence s: the pages_per_seq entries of perm from index
+  // (i * batch + s) * pages_per_seq. Every set's arrays but block_indices are
+  // equal, so the sets share one device copy of those (no slot mapping: the
+  // op writes no KV).
+  int32_t *d_qptr = nullptr, *d_kvl = nullptr, *d_bptr = nullptr, *d_pos = nullptr;
   std::vector<int32_t*> d_bidx;
   std::vector<ops::AttentionBatch> batches;
-  const size_t per_set = static_cast<size_t>(batch) * static_cast<size_t>(pages_per_seq);
+  const size_t per_seq = static_cast<size_t>(pages_per_seq);
   for (size_t set = 0; set < static_cast<size_t>(sets); ++set) {
-    d_bidx.push_back(upload_ints(be, std::vector<int32_t>(perm.begin() + static_cast<ptrdiff_t>(set * per_set),
-                                                         perm.begin() + static_cast<ptrdiff_t>((set + 1) * per_set))));
-    ops::AttentionBatch b;
-    b.num_seqs = batch;
-    b.num_tokens = batch;
-    b.max_q_len = 1;
-    b.max_kv_len = ctx;
+    gpu_test::HostAttentionBatch h;
+    for (size_t s = 0; s < static_cast<size_t>(batch); ++s) {
+      const size_t first = (set * static_cast<size_t>(batch) + s) * per_seq;
+      h.add_seq(1, ctx, std::span<const int32_t>(perm).subspan(first, per_seq), bs, false);
+    }
+    if (set == 0) {
+      d_qptr = upload_ints(be, h.q_indptr);
+      d_kvl = upload_ints(be, h.kv_lens);
+      d_bptr = upload_ints(be, h.block_indptr);
+      d_pos = upload_ints(be, h.positions);
+    }
+    d_bidx.push_back(upload_ints(be, h.block_indices));
+    ops::AttentionBatch b = h.sizes();
     b.q_indptr = d_qptr;
     b.kv_lens = d_kvl;
     b.block_indptr = d_bptr;
@@ -340,29 +342,16 @@ int main(int argc, char** argv) {
     const size_t page_bytes = static_cast<size_t>(num_blocks) * bs * hk * hd * 4;
     Buf kc(*be, page_bytes), vc(*be, page_bytes), q(*be, static_cast<size_t>(n) * hq * hd * 4),
         out(*be, static_cast<size_t>(n) * hq * hd * 4);
-    std::vector<int32_t> qptr{0}, kvl, bptr{0}, bidx, pos;
-    for (int s = 0; s < num_seqs; ++s) {
-      for (int p = 0; p < pages_per_seq; ++p) bidx.push_back(s * pages_per_seq + p);
-      bptr.push_back(static_cast<int32_t>(bidx.size()));
-      for (int i = 0; i < q_len; ++i) pos.push_back(ctx - q_len + i);
-      qptr.push_back(static_cast<int32_t>(pos.size()));
-      kvl.push_back(ctx);
-    }
-    auto up = [&](const std::vector<int32_t>& v) {
-      void* p = be->alloc(v.size() * 4);
-      be->copy_to_device(p, v.data(), v.size() * 4);
-      return static_cast<int32_t*>(p);
-    };
-    ops::AttentionBatch b;
-    b.num_seqs = num_seqs;
-    b.num_tokens = n;
-    b.max_q_len = q_len;
-    b.max_kv_len = ctx;
-    b.q_indptr = up(qptr);
-    b.kv_lens = up(kvl);
-    b.block_indptr = up(bptr);
-    b.block_indices = up(bidx);
-    b.positions = up(pos);
+    // Sequence s: pages [s * pages_per_seq, (s + 1) * pages_per_seq) in order;
+    // no slot mapping (the op writes no KV).
+    gpu_test::HostAttentionBatch h;
+    for (int s = 0; s < num_seqs; ++s) h.add_seq_own_pages(q_len, ctx, bs, false);
+    ops::AttentionBatch b = h.sizes();
+    b.q_indptr = upload_ints(*be, h.q_indptr);
+    b.kv_lens = upload_ints(*be, h.kv_lens);
+    b.block_indptr = upload_ints(*be, h.block_indptr);
+    b.block_indices = upload_ints(*be, h.block_indices);
+    b.positions = upload_ints(*be, h.positions);
     ops::LayerKv kv;
     kv.k = Tensor(kc.p, DType::kF32, {num_blocks, bs, hk, hd}, Device::kCuda);
     kv.v = Tensor(vc.p, DType::kF32, {num_blocks, bs, hk, hd}, Device::kCuda);
