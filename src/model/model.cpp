@@ -537,15 +537,26 @@ Tensor Model::forward(const ForwardBatch& batch, KvCache& kv) {
   // the final norm). Same function; the fused form rounds resid + product
   // once instead of twice.
   const bool fused_resid = be.fuses_matmul_add(act_dtype_);
+  // Where the norms are plain rms_norm of resid and the backend folds them
+  // into the projection that reads them (CUDA GEMV rows, 16-bit): norm + qkv
+  // and norm + gate/up are one op each (normed left unwritten; the normed
+  // values stay fp32 instead of rounding to the activation dtype).
+  const bool fused_norm = fused_resid && be.fuses_rms_norm_matmul(n, act_dtype_);
   be.embedding(m.embed, batch.token_ids, resid);
   for (size_t l = 0; l < m.layers.size(); ++l) {
     const LayerWeights& L = m.layers[l];
-    if (l == 0 || fused_resid) {
+    const bool fold_attn_norm = fused_norm && L.w_qkv.defined();
+    if (fold_attn_norm) {
+      // norm + one GEMV for q, k, v; then norm + RoPE + KV page write in one kernel.
+      be.rms_norm_matmul(resid, L.attn_norm, c.rms_norm_eps, L.w_qkv, L.b_qkv, normed, qkv);
+    } else if (l == 0 || fused_resid) {
       be.rms_norm(resid, L.attn_norm, c.rms_norm_eps, normed);
     } else {
       be.add_rms_norm(resid, proj, L.attn_norm, c.rms_norm_eps, normed);  // + previous MLP output
     }
-    if (L.w_qkv.defined()) {
+    if (fold_attn_norm) {
+      be.qkv_rope_kv_write(qkv, L.q_norm, L.k_norm, c.rms_norm_eps, m.rope, batch.attn, kv.layers[l], q3);
+    } else if (L.w_qkv.defined()) {
       // One GEMM for q, k, v; norm + RoPE + KV page write in one kernel.
       be.matmul(normed, L.w_qkv, L.b_qkv, qkv);
       be.qkv_rope_kv_write(qkv, L.q_norm, L.k_norm, c.rms_norm_eps, m.rope, batch.attn, kv.layers[l], q3);
@@ -566,12 +577,19 @@ Tensor Model::forward(const ForwardBatch& batch, KvCache& kv) {
     be.paged_attention(q3, kv.layers[l], batch.attn, scale, window, attn3);
     if (fused_resid) {
       be.matmul_add(attn, L.wo, resid, proj);  // resid += attention output
-      be.rms_norm(resid, L.ffn_norm, c.rms_norm_eps, normed);
     } else {
       be.matmul(attn, L.wo, Tensor(), proj);
-      be.add_rms_norm(resid, proj, L.ffn_norm, c.rms_norm_eps, normed);  // + attention output
     }
-    be.matmul_silu_mul(normed, L.w_gate_up, gate_up, act);  // CUDA batch 1: one kernel
+    if (fused_norm) {
+      be.rms_norm_matmul_silu_mul(resid, L.ffn_norm, c.rms_norm_eps, L.w_gate_up, normed, gate_up, act);
+    } else {
+      if (fused_resid) {
+        be.rms_norm(resid, L.ffn_norm, c.rms_norm_eps, normed);
+      } else {
+        be.add_rms_norm(resid, proj, L.ffn_norm, c.rms_norm_eps, normed);  // + attention output
+      }
+      be.matmul_silu_mul(normed, L.w_gate_up, gate_up, act);  // CUDA batch 1: one kernel
+    }
     if (fused_resid) {
       be.matmul_add(act, L.w_down, resid, proj);  // resid += MLP output
     } else {

@@ -137,6 +137,36 @@ class Backend {
     silu_mul(gate_up, out);
   }
 
+  // out[n, m] = rms_norm(x) @ w^T (+ bias): rms_norm(x, norm_w, eps, normed)
+  // then matmul(normed, w, bias, out), x [n, k], norm_w [k] F32, normed
+  // [n, k] of x's dtype. normed is scratch a backend may leave unwritten (a
+  // backend that fuses: the norm folded into the GEMV, the normed rows kept
+  // on chip; CUDA rounds them to the activation dtype as this default does).
+  virtual void rms_norm_matmul(const Tensor& x, const Tensor& norm_w, float eps, const Tensor& w, const Tensor& bias,
+                               Tensor& normed, Tensor& out) {
+    rms_norm(x, norm_w, eps, normed);
+    matmul(normed, w, bias, out);
+  }
+  // out[n, f] = silu_mul(rms_norm(x) @ w_gate_up^T): rms_norm into normed,
+  // then matmul_silu_mul(normed, w_gate_up, gate_up, out). normed and
+  // gate_up are scratch (same rules as rms_norm_matmul / matmul_silu_mul).
+  virtual void rms_norm_matmul_silu_mul(const Tensor& x, const Tensor& norm_w, float eps, const Tensor& w_gate_up,
+                                        Tensor& normed, Tensor& gate_up, Tensor& out) {
+    rms_norm(x, norm_w, eps, normed);
+    matmul_silu_mul(normed, w_gate_up, gate_up, out);
+  }
+  // True when rms_norm_matmul / rms_norm_matmul_silu_mul of n rows of
+  // activations of dtype `act` skip the normed round trip (one kernel fewer
+  // per norm); the model then calls them where it would run rms_norm and a
+  // projection. False keeps the two ops and their exact results (the CPU
+  // backend). A backend may still fall back to the two ops for weights it
+  // does not fuse.
+  virtual bool fuses_rms_norm_matmul(int64_t n, DType act) const {
+    (void)n;
+    (void)act;
+    return false;
+  }
+
   // Writes k, v [n, hk, hd] into the layer's pages at batch.slot_mapping.
   virtual void kv_write(const Tensor& k, const Tensor& v, const AttentionBatch& batch, LayerKv& kv) = 0;
 

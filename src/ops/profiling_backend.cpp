@@ -272,6 +272,33 @@ void ProfilingBackend::matmul_add(const Tensor& x, const Tensor& w, Tensor& resi
   timed(label_buf_, bytes, flops, [&] { inner_->matmul_add(x, w, residual, scratch); });
 }
 
+void ProfilingBackend::rms_norm_matmul(const Tensor& x, const Tensor& norm_w, float eps, const Tensor& w,
+                                       const Tensor& bias, Tensor& normed, Tensor& out) {
+  if (recording()) {
+    std::snprintf(label_buf_, sizeof label_buf_, "rms_norm+matmul %lldx%lld %s", static_cast<long long>(w.rows()),
+                  static_cast<long long>(w.cols()), std::string(dtype_name(w.dtype())).c_str());
+  }
+  const double flops =
+      2.0 * static_cast<double>(x.rows()) * static_cast<double>(w.rows()) * static_cast<double>(w.cols());
+  const double bytes = nbytes(w) + nbytes(x) + nbytes(norm_w) + nbytes(out) + nbytes(bias);
+  timed(label_buf_, bytes, flops, [&] { inner_->rms_norm_matmul(x, norm_w, eps, w, bias, normed, out); });
+}
+
+void ProfilingBackend::rms_norm_matmul_silu_mul(const Tensor& x, const Tensor& norm_w, float eps,
+                                                const Tensor& w_gate_up, Tensor& normed, Tensor& gate_up,
+                                                Tensor& out) {
+  if (recording()) {
+    std::snprintf(label_buf_, sizeof label_buf_, "rms_norm+matmul+silu_mul %lldx%lld %s",
+                  static_cast<long long>(w_gate_up.rows()), static_cast<long long>(w_gate_up.cols()),
+                  std::string(dtype_name(w_gate_up.dtype())).c_str());
+  }
+  const double flops = 2.0 * static_cast<double>(x.rows()) * static_cast<double>(w_gate_up.rows()) *
+                       static_cast<double>(w_gate_up.cols());
+  const double bytes = nbytes(w_gate_up) + nbytes(x) + nbytes(norm_w) + nbytes(out);
+  timed(label_buf_, bytes, flops,
+        [&] { inner_->rms_norm_matmul_silu_mul(x, norm_w, eps, w_gate_up, normed, gate_up, out); });
+}
+
 void ProfilingBackend::head_rms_norm(Tensor& x, const Tensor& w, float eps) {
   timed("head_rms_norm", 2 * nbytes(x) + nbytes(w), 0, [&] { inner_->head_rms_norm(x, w, eps); });
 }

@@ -7,7 +7,9 @@
 //          token per sequence), "other" (a step of KV page copies only);
 //   group: the op ("rms_norm", "attention", "sample", "copy to device", ...);
 //          matmuls by weight shape and dtype: "matmul 6144x4096 bf16" (m x k);
-//          matmul_add (the residual add folded in) as "matmul+add 4096x4096 bf16".
+//          matmul_add (the residual add folded in) as "matmul+add 4096x4096 bf16",
+//          rms_norm_matmul as "rms_norm+matmul 6144x4096 bf16" and
+//          rms_norm_matmul_silu_mul as "rms_norm+matmul+silu_mul 28672x4096 bf16".
 // Bytes are the minimum traffic of the op (each operand read once, each
 // output written once; matmul_add: the residual read and written; attention:
 // the KV positions each sequence reads, plus q and out); FLOPs count 2 per
@@ -116,6 +118,15 @@ class ProfilingBackend final : public Backend {
   // stays fused under profiling.
   void matmul_add(const Tensor& x, const Tensor& w, Tensor& residual, Tensor& scratch) override;
   bool fuses_matmul_add(DType act) const override { return inner_->fuses_matmul_add(act); }
+  // Forwarded whole as well (timed as one op each), with the inner
+  // backend's fuses_rms_norm_matmul: the model folds the norms exactly when
+  // it would unprofiled. Bytes: x, norm weight, w, bias and out once each
+  // (the normed and gate_up scratch not counted).
+  void rms_norm_matmul(const Tensor& x, const Tensor& norm_w, float eps, const Tensor& w, const Tensor& bias,
+                       Tensor& normed, Tensor& out) override;
+  void rms_norm_matmul_silu_mul(const Tensor& x, const Tensor& norm_w, float eps, const Tensor& w_gate_up,
+                                Tensor& normed, Tensor& gate_up, Tensor& out) override;
+  bool fuses_rms_norm_matmul(int64_t n, DType act) const override { return inner_->fuses_rms_norm_matmul(n, act); }
   void head_rms_norm(Tensor& x, const Tensor& w, float eps) override;
   void rope(Tensor& q, Tensor& k, const int32_t* positions, const RopeTable& table) override;
   void silu_mul(const Tensor& gate_up, Tensor& out) override;

@@ -26,6 +26,12 @@ struct CudaBackendOptions {
   // OSPREY_FUSED_RESIDUAL=0 in the environment, keeps the unfused sequence
   // (A/B runs and tests). matmul_add itself is fused either way.
   bool fused_residual = true;
+  // BF16/F16 activations at GEMV batch sizes: report fuses_rms_norm_matmul,
+  // so the model folds the norms before the qkv and gate/up projections
+  // into their GEMVs (rms_norm_matmul*). False, or OSPREY_FUSED_NORM=0 in
+  // the environment, keeps rms_norm + matmul (A/B runs and tests); the
+  // rms_norm_matmul* ops then run the two ops too.
+  bool fused_norm = true;
 };
 
 // Number of CUDA devices the driver reports; 0 when there is no driver or GPU.

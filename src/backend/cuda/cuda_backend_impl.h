@@ -59,6 +59,16 @@ class CudaBackend final : public ops::Backend {
   // BF16/F16 activations, unless CudaBackendOptions::fused_residual is off or
   // OSPREY_FUSED_RESIDUAL=0 (read once).
   bool fuses_matmul_add(DType act) const override;
+  // The norm folded into the GEMV (gemm/matmul.cpp, gemm/gemv.cu) for
+  // F16/BF16 weights at n <= the dense GEMV row limit; other weights, more
+  // rows or a capability off: rms_norm then the projection.
+  void rms_norm_matmul(const Tensor& x, const Tensor& norm_w, float eps, const Tensor& w, const Tensor& bias,
+                       Tensor& normed, Tensor& out) override;
+  void rms_norm_matmul_silu_mul(const Tensor& x, const Tensor& norm_w, float eps, const Tensor& w_gate_up,
+                                Tensor& normed, Tensor& gate_up, Tensor& out) override;
+  // BF16/F16 activations at n <= the dense GEMV row limit, unless
+  // CudaBackendOptions::fused_norm is off or OSPREY_FUSED_NORM=0 (read once).
+  bool fuses_rms_norm_matmul(int64_t n, DType act) const override;
   void head_rms_norm(Tensor& x, const Tensor& w, float eps) override;
   void rope(Tensor& q, Tensor& k, const int32_t* positions, const ops::RopeTable& table) override;
   void silu_mul(const Tensor& gate_up, Tensor& out) override;

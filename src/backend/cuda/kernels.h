@@ -122,6 +122,30 @@ void launch_gemv(DType dtype, const void* w, int64_t row_bytes, int64_t m, int64
 bool launch_gemv_silu_mul(DType w_dtype, const void* w, int64_t row_bytes, int64_t f, int64_t k, DType act,
                           const void* x, void* out, cudaStream_t stream);
 
+// The RMSNorm of x folded into launch_gemv: out[i, j] = dot(xn[i, :], w row
+// j) (+ bias[j]), xn[i, c] = x[i, c] * inv_i * g[c] rounded to act (as
+// launch_rms_norm writes it), inv_i = 1 / sqrt(mean(x[i, :]^2) + eps), for
+// i < n, j < m. Each block stages xn of its rows once in shared memory
+// (n * k * 2 bytes a pass of kGemvRowsPerPass rows) and loops over tiles of
+// weight rows (persistent grid); no normed row goes to global memory. At
+// k <= 4096 bit for bit launch_rms_norm then launch_gemv. w [m, k] of
+// w_dtype (BF16 or F16, 16-byte aligned rows), x [n, k] and out [n, m] of
+// act (BF16 or F16), g [k] F32, bias [m] F32 or null; x, g 16-byte aligned,
+// k % 8 == 0. False (nothing launched) where a dtype or alignment does not
+// fit or a pass's staged rows exceed the device's shared memory per block.
+// PDL as launch_gemv (g is read after the wait, like x). Meant for n <= a
+// few passes of kGemvRowsPerPass: each pass re-reads w.
+bool launch_gemv_rms_norm(DType w_dtype, const void* w, int64_t row_bytes, int64_t m, int64_t k, DType act,
+                          const void* x, int64_t n, const float* g, float eps, const float* bias, void* out,
+                          cudaStream_t stream);
+
+// launch_gemv_silu_mul with x RMS-normed first (as launch_gemv_rms_norm,
+// one row staged per block): out[j] = silu(gate_j) * up_j, gate_j / up_j =
+// dot(xn, w row) rounded to act. Same operand rules as both; false (nothing
+// launched) where they do not fit or OSPREY_FUSED_SILU=0.
+bool launch_gemv_rms_norm_silu_mul(DType w_dtype, const void* w, int64_t row_bytes, int64_t f, int64_t k, DType act,
+                                   const void* x, const float* g, float eps, void* out, cudaStream_t stream);
+
 // dst[r, :] = dequant(w row r) as out_dtype (F32, BF16 or F16), r < rows (dst
 // leading dimension k).
 void launch_dequant_rows(DType dtype, const void* w, int64_t row_bytes, int64_t rows, int64_t k, DType out_dtype,

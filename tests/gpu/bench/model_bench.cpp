@@ -126,6 +126,21 @@ class ProfilingBackend final : public ops::Backend {
     bytes_[label] = static_cast<double>(w.nbytes());
   }
   bool fuses_matmul_add(DType act) const override { return b_.fuses_matmul_add(act); }
+  // Forwarded whole, so the model folds the norms as it would unprofiled.
+  void rms_norm_matmul(const Tensor& x, const Tensor& nw, float eps, const Tensor& w, const Tensor& bias,
+                       Tensor& normed, Tensor& o) override {
+    const std::string label = "rms_norm+matmul " + std::to_string(w.dim(0)) + "x" + std::to_string(w.dim(1));
+    timed(label, [&] { b_.rms_norm_matmul(x, nw, eps, w, bias, normed, o); });
+    bytes_[label] = static_cast<double>(w.nbytes());
+  }
+  void rms_norm_matmul_silu_mul(const Tensor& x, const Tensor& nw, float eps, const Tensor& w, Tensor& normed,
+                                Tensor& g, Tensor& o) override {
+    const std::string label =
+        "rms_norm+matmul+silu_mul " + std::to_string(w.dim(0)) + "x" + std::to_string(w.dim(1));
+    timed(label, [&] { b_.rms_norm_matmul_silu_mul(x, nw, eps, w, normed, g, o); });
+    bytes_[label] = static_cast<double>(w.nbytes());
+  }
+  bool fuses_rms_norm_matmul(int64_t n, DType act) const override { return b_.fuses_rms_norm_matmul(n, act); }
   void head_rms_norm(Tensor& x, const Tensor& w, float eps) override {
     timed("head_rms_norm", [&] { b_.head_rms_norm(x, w, eps); });
   }
@@ -380,7 +395,8 @@ int main(int argc, char** argv) {
   if (batches.empty()) batches = {1};
   const std::string env_lt = std::string("OSPREY_LT_AUTOTUNE=") + env_or("OSPREY_LT_AUTOTUNE", "(unset)") +
                              " OSPREY_LT_FINE_MAX=" + env_or("OSPREY_LT_FINE_MAX", "(unset)") +
-                             " OSPREY_FUSED_RESIDUAL=" + env_or("OSPREY_FUSED_RESIDUAL", "(unset)");
+                             " OSPREY_FUSED_RESIDUAL=" + env_or("OSPREY_FUSED_RESIDUAL", "(unset)") +
+                             " OSPREY_FUSED_NORM=" + env_or("OSPREY_FUSED_NORM", "(unset)");
   std::printf("env: %s\n", env_lt.c_str());
 
   // Copy bandwidth ceiling: 2 GiB device to device, read + write counted.

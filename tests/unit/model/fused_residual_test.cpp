@@ -7,6 +7,9 @@
 // logits must be bit-identical to the plain CPU backend's; and the op
 // counts show which sequence ran. Also ops::ProfilingBackend over such a
 // backend: it forwards the claim and files matmul_add as "matmul+add MxK".
+// The same for fuses_rms_norm_matmul (the norms folded into the qkv and
+// gate/up projections): rms_norm_matmul and rms_norm_matmul_silu_mul with
+// their defaults, the same fp32 operations again.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -22,11 +25,13 @@
 namespace osprey {
 namespace {
 
-// Forwards every op to a CPU backend, counting the residual ops; reports
-// fuses_matmul_add(F32) = claim_fusion.
+// Forwards every op to a CPU backend, counting the residual and norm ops;
+// reports fuses_matmul_add(F32) = claim_fusion and
+// fuses_rms_norm_matmul(n, F32) = claim_norm.
 class FusionClaimingBackend final : public ops::Backend {
  public:
-  explicit FusionClaimingBackend(bool claim_fusion) : inner_(ops::make_cpu_backend(1)), claim_(claim_fusion) {}
+  explicit FusionClaimingBackend(bool claim_fusion, bool claim_norm = false)
+      : inner_(ops::make_cpu_backend(1)), claim_(claim_fusion), claim_norm_(claim_norm) {}
   std::map<std::string, int> calls;
 
   Device device() const override { return inner_->device(); }
@@ -58,6 +63,19 @@ class FusionClaimingBackend final : public ops::Backend {
     ops::Backend::matmul_add(x, w, residual, scratch);  // the default, through this class's matmul and add
   }
   bool fuses_matmul_add(DType act) const override { return claim_ && act == DType::kF32; }
+  void rms_norm_matmul(const Tensor& x, const Tensor& nw, float eps, const Tensor& w, const Tensor& b, Tensor& normed,
+                       Tensor& out) override {
+    ++calls["rms_norm_matmul"];
+    ops::Backend::rms_norm_matmul(x, nw, eps, w, b, normed, out);  // this class's rms_norm and matmul
+  }
+  void rms_norm_matmul_silu_mul(const Tensor& x, const Tensor& nw, float eps, const Tensor& w, Tensor& normed,
+                                Tensor& gate_up, Tensor& out) override {
+    ++calls["rms_norm_matmul_silu_mul"];
+    ops::Backend::rms_norm_matmul_silu_mul(x, nw, eps, w, normed, gate_up, out);
+  }
+  bool fuses_rms_norm_matmul(int64_t n, DType act) const override {
+    return claim_norm_ && n > 0 && act == DType::kF32;
+  }
   void head_rms_norm(Tensor& x, const Tensor& w, float eps) override { inner_->head_rms_norm(x, w, eps); }
   void rope(Tensor& q, Tensor& k, const int32_t* p, const ops::RopeTable& t) override { inner_->rope(q, k, p, t); }
   void silu_mul(const Tensor& g, Tensor& out) override { inner_->silu_mul(g, out); }
@@ -86,6 +104,7 @@ class FusionClaimingBackend final : public ops::Backend {
  private:
   std::unique_ptr<ops::Backend> inner_;
   bool claim_;
+  bool claim_norm_;
 };
 
 // A prompt (all rows' logits) and three decode steps through one fixture.
@@ -157,6 +176,58 @@ TEST(FusedResidual, ProfilingBackendForwardsTheClaimAndFilesMatmulAdd) {
   EXPECT_EQ(run(prof, "llama", &layers), want);
   EXPECT_EQ(rec.calls["matmul_add"], 1 + 4 * 2 * layers);
   EXPECT_EQ(rec.calls["add_rms_norm"], 0);
+}
+
+TEST(FusedResidual, ClaimedNormFoldRunsRmsNormMatmulAndKeepsTheLogits) {
+  for (const char* fixture : {"llama", "qwen2", "qwen3", "mistral"}) {
+    FusionClaimingBackend plain(false), folded(true, true), norm_only(false, true);
+    int layers = 0;
+    const std::vector<float> want = run(plain, fixture, &layers);
+    EXPECT_EQ(run(folded, fixture, &layers), want) << fixture << ": same fp32 operations";
+    EXPECT_EQ(run(norm_only, fixture, &layers), want) << fixture;
+    const int steps = 4;  // forwards
+    // Every layer's qkv is one fused weight on the CPU: both norms folded.
+    EXPECT_EQ(folded.calls["rms_norm_matmul"], steps * layers) << fixture;
+    EXPECT_EQ(folded.calls["rms_norm_matmul_silu_mul"], steps * layers) << fixture;
+    EXPECT_EQ(folded.calls["rms_norm"], steps * (2 * layers + 1)) << fixture;  // through the defaults
+    EXPECT_EQ(folded.calls["add_rms_norm"], 0) << fixture;
+    EXPECT_EQ(folded.calls["matmul"], plain.calls["matmul"]) << fixture;
+    // The fold needs the plain norms of the fused residual form.
+    EXPECT_EQ(norm_only.calls["rms_norm_matmul"], 0) << fixture;
+    EXPECT_EQ(norm_only.calls["rms_norm_matmul_silu_mul"], 0) << fixture;
+  }
+}
+
+TEST(FusedResidual, ProfilingBackendForwardsTheNormFold) {
+  auto inner = std::make_unique<FusionClaimingBackend>(true, true);
+  FusionClaimingBackend& rec = *inner;
+  ops::ProfilingBackend prof(std::move(inner));
+  EXPECT_TRUE(prof.fuses_rms_norm_matmul(1, DType::kF32));
+  EXPECT_FALSE(prof.fuses_rms_norm_matmul(1, DType::kBF16));
+  // x [3, 8] of 2.0 (rms 2: normed = norm weight), norm weight 0.5, w [5, 8] of 0.25.
+  std::vector<float> x(24, 2.0f), nw(8, 0.5f), w(40, 0.25f), normed(24, 0.0f), out(15, 0.0f);
+  Tensor xt(x.data(), DType::kF32, {3, 8}), nt(nw.data(), DType::kF32, {8}), wt(w.data(), DType::kF32, {5, 8});
+  Tensor normt(normed.data(), DType::kF32, {3, 8}), ot(out.data(), DType::kF32, {3, 5});
+  const std::vector<int32_t> qi = {0, 3}, kl = {3};
+  prof.begin_step({1, 3, qi, kl});
+  prof.rms_norm_matmul(xt, nt, 0.0f, wt, Tensor(), normt, ot);
+  prof.end_step();
+  EXPECT_EQ(out, std::vector<float>(15, 1.0f));  // 8 * 0.5 * 0.25
+  EXPECT_EQ(rec.calls["rms_norm_matmul"], 1);
+  const ops::ProfileSnapshot snap = prof.snapshot();
+  ASSERT_EQ(snap.groups.size(), 1u);
+  EXPECT_EQ(snap.groups[0].group, "rms_norm+matmul 5x8 F32");
+  EXPECT_EQ(snap.groups[0].calls, 1);
+  EXPECT_DOUBLE_EQ(snap.groups[0].flops, 2.0 * 3 * 5 * 8);
+  EXPECT_DOUBLE_EQ(snap.groups[0].bytes, 40 * 4 + 24 * 4 + 8 * 4 + 15 * 4);  // w + x + norm weight + out
+
+  // A fixture's steps through the profiler fold the norms and keep the logits.
+  FusionClaimingBackend plain(false);
+  int layers = 0;
+  const std::vector<float> want = run(plain, "llama", &layers);
+  EXPECT_EQ(run(prof, "llama", &layers), want);
+  EXPECT_EQ(rec.calls["rms_norm_matmul"], 1 + 4 * layers);
+  EXPECT_EQ(rec.calls["rms_norm_matmul_silu_mul"], 4 * layers);
 }
 
 }  // namespace

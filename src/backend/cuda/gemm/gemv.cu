@@ -7,15 +7,19 @@
 // An accumulate flag adds the output's old value in the epilogue (matmul_add:
 // the residual stream, one fp32 add before the one rounding).
 // Also the batch-1 gate/up GEMV with the SiLU-and-mul folded in
-// (launch_gemv_silu_mul) and the fp32 dequantisation of weight panels for
-// the GEMM fallback.
+// (launch_gemv_silu_mul), the RMSNorm of x folded into both on 16-bit
+// weights (launch_gemv_rms_norm*: separate kernels that stage the normed
+// rows once per block in shared memory, see "RMSNorm folded into the GEMV"
+// below), and the fp32 dequantisation of weight panels for the GEMM fallback.
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <type_traits>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_common.cuh"
+#include "backend/cuda/device_query.h"
 #include "backend/cuda/host_util.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/pdl.cuh"
@@ -369,6 +373,398 @@ bool launch_gemv_silu_mul(DType w_dtype, const void* w, int64_t row_bytes, int64
     const auto* xp = static_cast<const __half*>(x);
     w_dtype == DType::kBF16 ? go(BfTag{}, xp) : go(HTag{}, xp);
   }
+  return true;
+}
+
+namespace {
+
+// RMSNorm folded into the GEMV (launch_gemv_rms_norm*).
+//
+// Each block stages its activation rows once: after pdl_wait its threads
+// read x [rows, k] and g [k] (F32) once, form every row's sum of squares
+// (rms_norm_x8_kernel's reduction: 8 elements a thread, warp_sum, then
+// warp_sum over the per-warp sums) and write xn = x * inv_rms * g rounded to
+// the activation dtype XT (rms_norm.cu's expression and rounding: the
+// normed row the two-op path writes to global memory) to shared memory;
+// then each warp takes the dots of its weight rows against shared memory
+// in gemv_kernel's order. With 512 threads, at k = 4096 (one chunk a
+// thread, as rms_norm_x8_kernel launches 512 threads there) every operation
+// and its order match rms_norm + matmul (_silu_mul). 16-bit staging also
+// halves the shared-memory reads per FMA against fp32 (at 8 rows the dot
+// reads 8 x 16 B of xn per 16 B of weights; fp32 would make shared
+// memory, not DRAM, the limit).
+// The grid is persistent (at most the blocks that fit at once): a block
+// loops over tiles of kNormWarps weight rows, so x and g are read and
+// normed once per resident block, not once per warp (the earlier design,
+// ~100 MB of L1/L2 traffic per 6144-row GEMV) nor once per tile.
+// Launched through launch_pdl: only weights (the first tile's first
+// chunks) are read before pdl_wait().
+constexpr int kNormWarps = 16;  // warps (weight rows of a tile) per block
+constexpr int kNormThreads = kNormWarps * 32;
+
+// Before pdl_wait (g is a norm weight, which no kernel writes): asks L1
+// for the lines of g the thread reads in stage_norm_rows, so the staging
+// after the wait makes one L2 round trip (x), not two (x, then g).
+__device__ __forceinline__ void prefetch_norm_weight(const float* g, int64_t k) {
+  for (int64_t i = static_cast<int64_t>(threadIdx.x) * 8; i < k; i += int64_t{kNormThreads} * 8)
+    asm volatile("prefetch.global.L1 [%0];" ::"l"(g + i));
+}
+
+// Block-wide: xs[r * k + c] = XT(x[r, c] * inv_rms(x[r]) * g[c]) for r < n <=
+// kNR; ends with __syncthreads(). Every thread of the block calls it.
+template <class XT, int kNR>
+__device__ __forceinline__ void stage_norm_rows(const XT* __restrict__ x, int n, int64_t k, const float* __restrict__ g,
+                                                float eps, XT* xs) {
+  __shared__ float s_ss[kNR][kNormWarps];
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  constexpr int64_t kBlockStep = int64_t{kNormThreads} * 8;
+  float ss[kNR];
+#pragma unroll
+  for (int r = 0; r < kNR; ++r) ss[r] = 0.0f;
+#pragma unroll 1  // one pass at k <= 4096; unrolled, it spills the pre-loaded chunks
+  for (int64_t i = static_cast<int64_t>(threadIdx.x) * 8; i < k; i += kBlockStep) {
+#pragma unroll
+    for (int r = 0; r < kNR; ++r) {
+      if (r < n) {
+        float xv[8];
+        load8_act<XT>(x + r * k + i, xv);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) ss[r] += xv[e] * xv[e];
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kNR; ++r) {
+    if (r < n) {
+      const float s = warp_sum(ss[r]);
+      if (lane == 0) s_ss[r][warp] = s;
+    }
+  }
+  __syncthreads();
+  float inv[kNR];
+#pragma unroll
+  for (int r = 0; r < kNR; ++r) {
+    // block_sum's second stage: every lane gets the same tree's total.
+    const float t = warp_sum(r < n && lane < kNormWarps ? s_ss[r][lane] : 0.0f);
+    inv[r] = 1.0f / sqrtf(t / static_cast<float>(k) + eps);  // norm/rms_norm.cu's expression
+  }
+#pragma unroll 1  // one pass at k <= 4096; unrolled, it spills the pre-loaded chunks
+  for (int64_t i = static_cast<int64_t>(threadIdx.x) * 8; i < k; i += kBlockStep) {
+    float gv[8];
+    load8_act<float>(g + i, gv);
+#pragma unroll
+    for (int r = 0; r < kNR; ++r) {
+      if (r < n) {
+        float xv[8];
+        load8_act<XT>(x + r * k + i, xv);  // an L1 hit: read just above
+        alignas(16) XT o[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) o[e] = from_float<XT>(xv[e] * inv[r] * gv[e]);
+        *reinterpret_cast<uint4*>(xs + r * k + i) = *reinterpret_cast<const uint4*>(o);
+      }
+    }
+  }
+  __syncthreads();
+}
+
+// acc[r] += the lane's share of dot(xs row r, weight row wr) for r < n: the
+// pre-loaded chunks first when kUsePre (a block's first tile), then kUnroll
+// chunks at a time, then the tail; products added in ascending chunk order
+// (gemv_kernel's order). A warp's 16-byte reads of xs are consecutive: no
+// bank conflicts.
+template <DType T, class XT, int kNR, int kPreChunks, bool kUsePre>
+__device__ __forceinline__ void staged_dot(const char* wr, const uint4 (&pre)[kPreChunks], const XT* xs, int n,
+                                           int64_t k, int lane, float (&acc)[kNR]) {
+  int64_t i = static_cast<int64_t>(lane) * 8;
+  if constexpr (kUsePre) {
+#pragma unroll
+    for (int c = 0; c < kPreChunks; ++c) {
+      const int64_t idx = i + c * kStep;
+      if (idx < k) {
+        float wv[8];
+        unpack8<T>(pre[c], wv);
+#pragma unroll
+        for (int r = 0; r < kNR; ++r) {
+          if (r < n) {
+            float xv[8];
+            load8_act<XT>(xs + r * k + idx, xv);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) acc[r] += xv[e] * wv[e];
+          }
+        }
+      }
+    }
+    i += kPreChunks * kStep;
+  }
+  // kUnroll raw 16-byte weight loads in flight, unpacked one chunk at a
+  // time (16 registers, not 32: the batch-1 kernel stays at 64 without
+  // spilling). Each acc[r] still gets its chunks in ascending order.
+  for (; i + (kUnroll - 1) * kStep < k; i += kUnroll * kStep) {
+    uint4 raw[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) raw[u] = reinterpret_cast<const uint4*>(wr)[(i + u * kStep) / 8];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      float wv[8];
+      unpack8<T>(raw[u], wv);
+#pragma unroll
+      for (int r = 0; r < kNR; ++r) {
+        if (r < n) {
+          float xv[8];
+          load8_act<XT>(xs + r * k + i + u * kStep, xv);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[r] += xv[e] * wv[e];
+        }
+      }
+    }
+  }
+  for (; i < k; i += kStep) {
+    float wv[8];
+    load8<T>(wr, i, wv);
+#pragma unroll
+    for (int r = 0; r < kNR; ++r) {
+      if (r < n) {
+        float xv[8];
+        load8_act<XT>(xs + r * k + i, xv);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[r] += xv[e] * wv[e];
+      }
+    }
+  }
+}
+
+// Chunks of the first tile's row a lane loads before pdl_wait (held across
+// the wait and the staging): two groups at one row, as gemv_kernel's batch
+// 1; one at more rows (two groups spill there under the 64-register cap of
+// two resident 512-thread blocks per SM).
+template <int kNR>
+constexpr int kNormPreChunks = kNR == 1 ? 2 * kUnroll : kUnroll;
+
+// The dot and store of weight row `row` (< m) for the gemv_norm_kernel tile loop.
+template <DType T, class XT, int kNR, bool kUsePre>
+__device__ __forceinline__ void norm_row(const char* __restrict__ w, int64_t row_bytes, int64_t m, int64_t k,
+                                         int64_t row, const uint4 (&pre)[kNormPreChunks<kNR>], const XT* xs, int n,
+                                         int lane, const float* __restrict__ bias, XT* __restrict__ out) {
+  float acc[kNR];
+#pragma unroll
+  for (int r = 0; r < kNR; ++r) acc[r] = 0.0f;
+  staged_dot<T, XT, kNR, kNormPreChunks<kNR>, kUsePre>(w + row * row_bytes, pre, xs, n, k, lane, acc);
+#pragma unroll
+  for (int r = 0; r < kNR; ++r) {
+    if (r < n) {
+      const float s = warp_sum(acc[r]);
+      if (lane == 0) out[r * m + row] = from_float<XT>(s + (bias ? bias[row] : 0.0f));
+    }
+  }
+}
+
+// out[r * m + row] = dot(w row, xn_r) (+ bias[row]) for r < n <= kNR, xn_r
+// the staged row (stage_norm_rows), rows in tiles of kNormWarps (warp w of
+// tile t: row t * kNormWarps + w), tiles grid-strided. Dynamic shared
+// memory: n * k values of XT. w rows F16/BF16, 16-byte aligned, k % 8 == 0.
+// Two resident blocks per SM (64 registers, no spills; 32 warps as
+// gemv_kernel's batch 1; at 8 rows 2 x 64 KB of staged rows at k = 4096).
+template <DType T, class XT, int kNR>
+__global__ void __launch_bounds__(kNormThreads, 2)
+    gemv_norm_kernel(const char* __restrict__ w, int64_t row_bytes, int64_t m, int64_t k, const XT* __restrict__ x,
+                     int n, const float* __restrict__ g, float eps, const float* __restrict__ bias,
+                     XT* __restrict__ out) {
+  extern __shared__ uint4 s_norm_dyn[];
+  XT* xs = reinterpret_cast<XT*>(s_norm_dyn);
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int64_t tiles = (m + kNormWarps - 1) / kNormWarps;  // gridDim.x <= tiles
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kNormWarps + warp;
+  uint4 pre[kNormPreChunks<kNR>];
+  load_pre(w + (row0 < m ? row0 : 0) * row_bytes, k, lane, row0 < m, pre);
+  prefetch_norm_weight(g, k);
+  pdl_launch_dependents();
+  pdl_wait();
+  stage_norm_rows<XT, kNR>(x, n, k, g, eps, xs);
+  if (row0 < m) norm_row<T, XT, kNR, true>(w, row_bytes, m, k, row0, pre, xs, n, lane, bias, out);
+  for (int64_t tile = blockIdx.x + static_cast<int64_t>(gridDim.x); tile < tiles; tile += gridDim.x) {
+    const int64_t row = tile * kNormWarps + warp;
+    if (row < m) norm_row<T, XT, kNR, false>(w, row_bytes, m, k, row, pre, xs, n, lane, bias, out);
+  }
+}
+
+// One row, gate/up with the SiLU-and-mul (launch_gemv_rms_norm_silu_mul):
+// w [2 f, k]; tile t's warps 0..7 take gate rows j = 8 t + w, warps 8..15
+// the matching up rows f + j; each dot is rounded to XT (+ 0.0f, as
+// gemv_silu_mul_kernel), then thread t < 8 writes silu(g) * u with
+// silu_mul_x8_kernel's expression. Dynamic shared memory: k values of XT.
+constexpr int kNormGluCols = kNormWarps / 2;
+
+// One tile of gemv_norm_silu_mul_kernel (every thread of the block calls it).
+template <DType T, class XT, bool kUsePre>
+__device__ __forceinline__ void norm_silu_tile(const char* __restrict__ w, int64_t row_bytes, int64_t f, int64_t k,
+                                               int64_t tile, const uint4 (&pre)[kNormPreChunks<1>], const XT* xs,
+                                               float (&s_gu)[2][kNormGluCols], XT* __restrict__ out) {
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int half = warp / kNormGluCols;  // 0: gate row, 1: up row
+  const int64_t j = tile * kNormGluCols + warp % kNormGluCols;
+  if (j < f) {
+    float acc[1] = {0.0f};
+    staged_dot<T, XT, 1, kNormPreChunks<1>, kUsePre>(w + (j + half * f) * row_bytes, pre, xs, 1, k, lane, acc);
+    const float s = warp_sum(acc[0]);
+    if (lane == 0) s_gu[half][warp % kNormGluCols] = to_float(from_float<XT>(s + 0.0f));
+  }
+  __syncthreads();
+  const int64_t jo = tile * kNormGluCols + threadIdx.x;
+  if (threadIdx.x < kNormGluCols && jo < f) {
+    const float gt = s_gu[0][threadIdx.x];
+    const float u = s_gu[1][threadIdx.x];
+    out[jo] = from_float<XT>(gt / (1.0f + expf(-gt)) * u);
+  }
+  __syncthreads();  // s_gu is rewritten by the next tile
+}
+
+template <DType T, class XT>
+__global__ void __launch_bounds__(kNormThreads, 2)
+    gemv_norm_silu_mul_kernel(const char* __restrict__ w, int64_t row_bytes, int64_t f, int64_t k,
+                              const XT* __restrict__ x, const float* __restrict__ g, float eps, XT* __restrict__ out) {
+  extern __shared__ uint4 s_norm_dyn[];
+  XT* xs = reinterpret_cast<XT*>(s_norm_dyn);
+  __shared__ float s_gu[2][kNormGluCols];  // [gate, up][column in tile], rounded to XT
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int half = warp / kNormGluCols;
+  const int64_t tiles = (f + kNormGluCols - 1) / kNormGluCols;  // gridDim.x <= tiles
+  const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kNormGluCols + warp % kNormGluCols;
+  uint4 pre[kNormPreChunks<1>];
+  load_pre(w + (j0 < f ? j0 + half * f : 0) * row_bytes, k, lane, j0 < f, pre);
+  prefetch_norm_weight(g, k);
+  pdl_launch_dependents();
+  pdl_wait();
+  stage_norm_rows<XT, 1>(x, 1, k, g, eps, xs);
+  norm_silu_tile<T, XT, true>(w, row_bytes, f, k, blockIdx.x, pre, xs, s_gu, out);
+  for (int64_t tile = blockIdx.x + static_cast<int64_t>(gridDim.x); tile < tiles; tile += gridDim.x)
+    norm_silu_tile<T, XT, false>(w, row_bytes, f, k, tile, pre, xs, s_gu, out);
+}
+
+// The operands the folded-norm kernels take: F16/BF16 weights and
+// activations, 16-byte aligned rows, x and g, k % 8 == 0.
+bool norm_fold_fits(DType w_dtype, const void* w, int64_t row_bytes, int64_t k, DType act, const void* x,
+                    const float* g) {
+  const bool w16 = w_dtype == DType::kBF16 || w_dtype == DType::kF16;
+  const bool a16 = act == DType::kBF16 || act == DType::kF16;
+  return w16 && a16 && k > 0 && k % 8 == 0 && row_bytes % 16 == 0 && aligned16(w) && aligned16(x) && g != nullptr &&
+         aligned16(g);
+}
+
+// Calls go(W tag, const XT* x) for the 16-bit weight dtype w_dtype and activation dtype act.
+template <class Go>
+void dispatch16(DType w_dtype, DType act, const void* x, Go&& go) {
+  using BfTag = std::integral_constant<DType, DType::kBF16>;
+  using HTag = std::integral_constant<DType, DType::kF16>;
+  if (act == DType::kBF16) {
+    const auto* xp = static_cast<const __nv_bfloat16*>(x);
+    w_dtype == DType::kBF16 ? go(BfTag{}, xp) : go(HTag{}, xp);
+  } else {
+    const auto* xp = static_cast<const __half*>(x);
+    w_dtype == DType::kBF16 ? go(BfTag{}, xp) : go(HTag{}, xp);
+  }
+}
+
+// Largest dynamic shared memory a block of the staged kernels may take on
+// the current device (opt-in limit less the kernels' static arrays and a
+// margin); read once (one device type per process is assumed).
+int64_t norm_stage_limit_bytes() {
+  static const int64_t limit = [] {
+    int v = 0;
+    if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, current_device()) != cudaSuccess) {
+      (void)cudaGetLastError();
+      v = 48 * 1024;
+    }
+    return static_cast<int64_t>(v) - 2048;
+  }();
+  return limit;
+}
+
+// Blocks of kKernel (kNormThreads threads, `smem` dynamic bytes) resident
+// at once on the current device: the persistent grid's size. Cached per
+// kernel (a template argument: instantiations share a function type) for
+// the last smem size (a host query, no stream work, so it is also safe
+// while a graph is captured); at least 1.
+template <auto kKernel>
+int64_t norm_resident_blocks(size_t smem) {
+  static std::atomic<int64_t> cache{0};  // (smem << 20) | blocks; 0: unknown
+  static const int64_t sms = [] {
+    int v = 0;
+    if (cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, current_device()) != cudaSuccess) {
+      (void)cudaGetLastError();
+      v = 1;
+    }
+    return static_cast<int64_t>(std::max(v, 1));
+  }();
+  const int64_t c = cache.load(std::memory_order_relaxed);
+  if (c != 0 && static_cast<size_t>(c >> 20) == smem) return c & ((int64_t{1} << 20) - 1);
+  int per_sm = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kKernel, kNormThreads, smem) != cudaSuccess) {
+    (void)cudaGetLastError();
+    per_sm = 1;
+  }
+  const int64_t blocks = std::min<int64_t>(std::max(per_sm, 1) * sms, (int64_t{1} << 20) - 1);
+  cache.store((static_cast<int64_t>(smem) << 20) | blocks, std::memory_order_relaxed);
+  return blocks;
+}
+
+// Launches kKernel over `tiles` tiles with `smem` dynamic bytes: raises the
+// kernel's limit once, grid = min(tiles, resident blocks).
+template <auto kKernel, class... Args>
+void launch_norm_kernel(int64_t tiles, size_t smem, cudaStream_t stream, Args... args) {
+  set_max_dynamic_smem_once(kKernel, smem);
+  const int64_t grid = std::min(tiles, norm_resident_blocks<kKernel>(smem));
+  launch_pdl(kKernel, dim3(static_cast<unsigned>(grid)), dim3(kNormThreads), smem, stream, args...);
+}
+
+}  // namespace
+
+bool launch_gemv_rms_norm(DType w_dtype, const void* w, int64_t row_bytes, int64_t m, int64_t k, DType act,
+                          const void* x, int64_t n, const float* g, float eps, const float* bias, void* out,
+                          cudaStream_t stream) {
+  if (!norm_fold_fits(w_dtype, w, row_bytes, k, act, x, g)) return false;
+  // Staged rows of one pass must fit in shared memory.
+  if (std::min<int64_t>(n, kN) * k * 2 > norm_stage_limit_bytes()) return false;
+  if (n <= 0 || m <= 0) return true;
+  const auto* wp = static_cast<const char*>(w);
+  const int64_t tiles = ceil_div(m, int64_t{kNormWarps});
+  dispatch16(w_dtype, act, x, [&](auto wtag, auto* x0) {
+    using XT = std::remove_const_t<std::remove_pointer_t<decltype(x0)>>;
+    constexpr DType W = decltype(wtag)::value;
+    for (int64_t r0 = 0; r0 < n; r0 += kN) {
+      const int rows = static_cast<int>(std::min<int64_t>(kN, n - r0));
+      const XT* xp = x0 + r0 * k;
+      XT* op = static_cast<XT*>(out) + r0 * m;
+      const size_t smem = static_cast<size_t>(rows * k) * sizeof(XT);
+      if (rows == 1) {
+        launch_norm_kernel<gemv_norm_kernel<W, XT, 1>>(tiles, smem, stream, wp, row_bytes, m, k, xp, rows, g, eps, bias,
+                                                       op);
+      } else {
+        launch_norm_kernel<gemv_norm_kernel<W, XT, kN>>(tiles, smem, stream, wp, row_bytes, m, k, xp, rows, g, eps,
+                                                        bias, op);
+      }
+    }
+  });
+  return true;
+}
+
+bool launch_gemv_rms_norm_silu_mul(DType w_dtype, const void* w, int64_t row_bytes, int64_t f, int64_t k, DType act,
+                                   const void* x, const float* g, float eps, void* out, cudaStream_t stream) {
+  if (!fused_silu_enabled() || f <= 0 || !norm_fold_fits(w_dtype, w, row_bytes, k, act, x, g) ||
+      k * 2 > norm_stage_limit_bytes())
+    return false;
+  const auto* wp = static_cast<const char*>(w);
+  const int64_t tiles = ceil_div(f, int64_t{kNormGluCols});
+  const size_t smem = static_cast<size_t>(k) * 2;  // one 16-bit row
+  dispatch16(w_dtype, act, x, [&](auto wtag, auto* xp) {
+    using XT = std::remove_const_t<std::remove_pointer_t<decltype(xp)>>;
+    constexpr DType W = decltype(wtag)::value;
+    launch_norm_kernel<gemv_norm_silu_mul_kernel<W, XT>>(tiles, smem, stream, wp, row_bytes, f, k, xp, g, eps,
+                                                         static_cast<XT*>(out));
+  });
   return true;
 }
 

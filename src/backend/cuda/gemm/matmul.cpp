@@ -6,6 +6,9 @@
 // beta = 1 and C = D = residual (in place: same layout and type), the
 // quantised panels accumulate into their columns. One rounding of the fp32
 // sum (residual + product) to the activation dtype.
+// CudaBackend::rms_norm_matmul(_silu_mul): at GEMV batch sizes on 16-bit
+// weights the GEMV reads x itself and folds its RMSNorm in (no normed
+// buffer, one kernel fewer; launch_gemv_rms_norm*), else rms_norm + matmul.
 //
 // Paths (the row thresholds are where a GEMM starts to beat re-reading the
 // weights once per kGemvRowsPerPass rows):
@@ -402,6 +405,66 @@ void CudaBackend::matmul_add(const Tensor& x, const Tensor& w, Tensor& residual,
 bool CudaBackend::fuses_matmul_add(DType act) const {
   static const bool env_off = env_equals("OSPREY_FUSED_RESIDUAL", "0");
   return options_.fused_residual && !env_off && (act == DType::kBF16 || act == DType::kF16);
+}
+
+bool CudaBackend::fuses_rms_norm_matmul(int64_t n, DType act) const {
+  static const bool env_off = env_equals("OSPREY_FUSED_NORM", "0");
+  return options_.fused_norm && !env_off && (act == DType::kBF16 || act == DType::kF16) && n >= 1 &&
+         n <= kDenseGemvMaxRows;
+}
+
+namespace {
+
+// The operands the folded norm takes (anything else runs the two ops, whose
+// own checks report misuse): x [n, k] BF16/F16, norm_w [k] F32, w [rows, k]
+// BF16/F16, out [n, cols] of x's dtype, all in device memory.
+bool norm_fold_operands(const Tensor& x, const Tensor& norm_w, const Tensor& w, const Tensor& out) {
+  const auto on_device = [](const Tensor& t) { return t.defined() && t.device() == Device::kCuda; };
+  return on_device(x) && on_device(norm_w) && on_device(w) && on_device(out) && x.ndim() == 2 &&
+         (x.dtype() == DType::kBF16 || x.dtype() == DType::kF16) && norm_w.dtype() == DType::kF32 &&
+         norm_w.numel() == x.cols() && w.ndim() == 2 && w.dim(1) == x.cols() &&
+         (w.dtype() == DType::kBF16 || w.dtype() == DType::kF16) && out.ndim() == 2 && out.rows() == x.rows() &&
+         out.dtype() == x.dtype();
+}
+
+}  // namespace
+
+void CudaBackend::rms_norm_matmul(const Tensor& x, const Tensor& norm_w, float eps, const Tensor& w,
+                                  const Tensor& bias, Tensor& normed, Tensor& out) {
+  const bool bias_ok = !bias.defined() || (bias.dtype() == DType::kF32 && bias.device() == Device::kCuda &&
+                                           bias.numel() == w.dim(0));
+  if (bias_ok && norm_fold_operands(x, norm_w, w, out) && out.cols() == w.dim(0) &&
+      fuses_rms_norm_matmul(x.rows(), x.dtype())) {
+    bind_device();
+    const float* b = bias.defined() ? bias.data_as<float>() : nullptr;
+    if (launch_gemv_rms_norm(w.dtype(), w.data(), w.row_bytes(), w.dim(0), w.dim(1), x.dtype(), x.data(), x.rows(),
+                             norm_w.data_as<float>(), eps, b, out.data(), stream_))
+      return;
+  }
+  ops::Backend::rms_norm_matmul(x, norm_w, eps, w, bias, normed, out);  // rms_norm, then matmul
+}
+
+void CudaBackend::rms_norm_matmul_silu_mul(const Tensor& x, const Tensor& norm_w, float eps, const Tensor& w_gate_up,
+                                           Tensor& normed, Tensor& gate_up, Tensor& out) {
+  if (norm_fold_operands(x, norm_w, w_gate_up, out) && w_gate_up.dim(0) == 2 * out.cols() &&
+      fuses_rms_norm_matmul(x.rows(), x.dtype())) {
+    bind_device();
+    const int64_t f = out.cols(), k = x.cols();
+    const float* g = norm_w.data_as<float>();
+    // One row: norm, gate/up and SiLU-and-mul in one kernel, gate_up unwritten.
+    if (x.rows() == 1 && launch_gemv_rms_norm_silu_mul(w_gate_up.dtype(), w_gate_up.data(), w_gate_up.row_bytes(), f,
+                                                       k, x.dtype(), x.data(), g, eps, out.data(), stream_))
+      return;
+    // More rows (or OSPREY_FUSED_SILU=0): the folded-norm GEMV into gate_up, then silu_mul.
+    const bool gate_up_ok = gate_up.defined() && gate_up.device() == Device::kCuda && gate_up.ndim() == 2 &&
+                            gate_up.rows() == x.rows() && gate_up.cols() == 2 * f && gate_up.dtype() == x.dtype();
+    if (gate_up_ok && launch_gemv_rms_norm(w_gate_up.dtype(), w_gate_up.data(), w_gate_up.row_bytes(), 2 * f, k,
+                                           x.dtype(), x.data(), x.rows(), g, eps, nullptr, gate_up.data(), stream_)) {
+      silu_mul(gate_up, out);
+      return;
+    }
+  }
+  ops::Backend::rms_norm_matmul_silu_mul(x, norm_w, eps, w_gate_up, normed, gate_up, out);
 }
 
 void CudaBackend::matmul_into(const Tensor& x, const Tensor& w, const float* b, Tensor& out, bool add_to_out) {
