@@ -221,4 +221,36 @@ inline Tensor dev_tensor(const DeviceMem& m, DType t, std::initializer_list<int6
   return Tensor(m.get(), t, shape, Device::kCuda);
 }
 
+// A decode chain's ops run three ways on the same inputs: `chain(true)`
+// drains the stream after each op (the expected BF16 residual bytes, read
+// by `read()`: all finite and different from the start `x0`), then three
+// times `chain(false)` queued and three replays of one CUDA graph of it,
+// `reset()` before every run. Each run must give the serialised bytes.
+template <class Reset, class Chain, class Read>
+void expect_chain_queued_and_graph_equal_serialised(ops::Backend& gpu, Reset reset, Chain chain, Read read,
+                                                    const std::vector<uint16_t>& x0, const std::string& what) {
+  reset();
+  chain(true);
+  const std::vector<uint16_t> want = read();
+  int finite = 0;
+  for (uint16_t v : want) finite += std::isfinite(bf16_to_f32(v)) ? 1 : 0;
+  ASSERT_EQ(finite, static_cast<int>(want.size())) << what << "the serialised chain must give finite values";
+  ASSERT_NE(want, x0) << what << "the chain must change the residual";
+  for (int rep = 0; rep < 3; ++rep) {
+    reset();
+    chain(false);
+    EXPECT_EQ(read(), want) << what << "queued run " << rep;
+  }
+  reset();
+  gpu.begin_capture();
+  chain(false);
+  auto graph = gpu.end_capture();
+  ASSERT_NE(graph, nullptr) << what;
+  for (int rep = 0; rep < 3; ++rep) {
+    reset();
+    graph->launch();
+    EXPECT_EQ(read(), want) << what << "graph replay " << rep;
+  }
+}
+
 }  // namespace osprey::gpu_test

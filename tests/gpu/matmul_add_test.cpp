@@ -267,28 +267,8 @@ TEST_F(MatmulAddTest, DecodeChainQueuedEqualsSerialised) {
         step();
       }
     };
-    reset();
-    chain(true);
-    const auto want = download<uint16_t>(gpu(), gresid, static_cast<size_t>(n * d));
-    int finite = 0;
-    for (uint16_t v : want) finite += std::isfinite(bf16_to_f32(v)) ? 1 : 0;
-    ASSERT_EQ(finite, n * d) << what << "the serialised chain must give finite values";
-    ASSERT_NE(want, x0) << what << "the chain must change the residual";
-    for (int rep = 0; rep < 3; ++rep) {
-      reset();
-      chain(false);
-      EXPECT_EQ(download<uint16_t>(gpu(), gresid, static_cast<size_t>(n * d)), want) << what << "queued run " << rep;
-    }
-    reset();
-    gpu().begin_capture();
-    chain(false);
-    auto graph = gpu().end_capture();
-    ASSERT_NE(graph, nullptr) << what;
-    for (int rep = 0; rep < 3; ++rep) {
-      reset();
-      graph->launch();
-      EXPECT_EQ(download<uint16_t>(gpu(), gresid, static_cast<size_t>(n * d)), want) << what << "graph replay " << rep;
-    }
+    auto read = [&] { return download<uint16_t>(gpu(), gresid, static_cast<size_t>(n * d)); };
+    expect_chain_queued_and_graph_equal_serialised(gpu(), reset, chain, read, x0, what);
   }
 }
 

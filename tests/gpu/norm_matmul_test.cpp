@@ -169,7 +169,9 @@ class NormMatmulTest : public GpuTest {
     expect_close(got, two, t2.nmse, t2.max_rel, what + " vs rms_norm + matmul");
     // k <= 4096: the staged row is rms_norm_x8_kernel's (one 8-element chunk
     // a thread, the same reduction tree) and the dots are the GEMV's.
-    if (fold_expected() && k <= 4096) EXPECT_EQ(got, two) << what << ": not bit for bit rms_norm + matmul";
+    if (fold_expected() && k <= 4096) {
+      EXPECT_EQ(got, two) << what << ": not bit for bit rms_norm + matmul";
+    }
   }
 
   // rms_norm_matmul_silu_mul of o's first n rows, o.m = 2 f rows (gate then up).
@@ -214,7 +216,9 @@ class NormMatmulTest : public GpuTest {
     expect_close(got, ref, bf16 ? 6e-5 : 1e-6, bf16 ? 1.6e-2 : 2e-3, what + " vs float64");
     const Tol t2 = two_op_tol(act);
     expect_close(got, two, t2.nmse, t2.max_rel, what + " vs rms_norm + matmul_silu_mul");
-    if (fold_expected() && k <= 4096) EXPECT_EQ(got, two) << what << ": not bit for bit the two ops";
+    if (fold_expected() && k <= 4096) {
+      EXPECT_EQ(got, two) << what << ": not bit for bit the two ops";
+    }
   }
 
   // Uploads o's weights as wt (kept in w_ for check / check_silu).
@@ -369,28 +373,8 @@ TEST_F(NormMatmulTest, DecodeChainQueuedEqualsSerialised) {
         step();
       }
     };
-    reset();
-    chain(true);
-    const auto want = download<uint16_t>(gpu(), gresid, static_cast<size_t>(n * d));
-    int finite = 0;
-    for (uint16_t v : want) finite += std::isfinite(bf16_to_f32(v)) ? 1 : 0;
-    ASSERT_EQ(finite, n * d) << what << "the serialised chain must give finite values";
-    ASSERT_NE(want, x0) << what << "the chain must change the residual";
-    for (int rep = 0; rep < 3; ++rep) {
-      reset();
-      chain(false);
-      EXPECT_EQ(download<uint16_t>(gpu(), gresid, static_cast<size_t>(n * d)), want) << what << "queued run " << rep;
-    }
-    reset();
-    gpu().begin_capture();
-    chain(false);
-    auto graph = gpu().end_capture();
-    ASSERT_NE(graph, nullptr) << what;
-    for (int rep = 0; rep < 3; ++rep) {
-      reset();
-      graph->launch();
-      EXPECT_EQ(download<uint16_t>(gpu(), gresid, static_cast<size_t>(n * d)), want) << what << "graph replay " << rep;
-    }
+    auto read = [&] { return download<uint16_t>(gpu(), gresid, static_cast<size_t>(n * d)); };
+    expect_chain_queued_and_graph_equal_serialised(gpu(), reset, chain, read, x0, what);
   }
 }
 
