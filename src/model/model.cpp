@@ -540,27 +540,41 @@ Tensor Model::forward(const ForwardBatch& batch, KvCache& kv) {
   // Where the norms are plain rms_norm of resid and the backend folds them
   // into the projection that reads them (CUDA GEMV rows, 16-bit): norm + qkv
   // and norm + gate/up are one op each (normed left unwritten; the normed
-  // values stay fp32 instead of rounding to the activation dtype).
+  // rows rounded to the activation dtype as rms_norm rounds them).
   const bool fused_norm = fused_resid && be.fuses_rms_norm_matmul(n, act_dtype_);
+  // normed = rms_norm(resid (+ proj, the previous projection, when the
+  // residual is not fused and this is not the first norm)) * w.
+  auto norm_resid = [&](const Tensor& w, bool first) {
+    if (first || fused_resid) {
+      be.rms_norm(resid, w, c.rms_norm_eps, normed);
+    } else {
+      be.add_rms_norm(resid, proj, w, c.rms_norm_eps, normed);
+    }
+  };
+  // The o and down projections: resid += x @ w^T, or proj = x @ w^T for
+  // the next add_rms_norm.
+  auto project = [&](const Tensor& x, const Tensor& w) {
+    if (fused_resid) {
+      be.matmul_add(x, w, resid, proj);
+    } else {
+      be.matmul(x, w, Tensor(), proj);
+    }
+  };
   be.embedding(m.embed, batch.token_ids, resid);
   for (size_t l = 0; l < m.layers.size(); ++l) {
     const LayerWeights& L = m.layers[l];
-    const bool fold_attn_norm = fused_norm && L.w_qkv.defined();
-    if (fold_attn_norm) {
-      // norm + one GEMV for q, k, v; then norm + RoPE + KV page write in one kernel.
-      be.rms_norm_matmul(resid, L.attn_norm, c.rms_norm_eps, L.w_qkv, L.b_qkv, normed, qkv);
-    } else if (l == 0 || fused_resid) {
-      be.rms_norm(resid, L.attn_norm, c.rms_norm_eps, normed);
-    } else {
-      be.add_rms_norm(resid, proj, L.attn_norm, c.rms_norm_eps, normed);  // + previous MLP output
-    }
-    if (fold_attn_norm) {
-      be.qkv_rope_kv_write(qkv, L.q_norm, L.k_norm, c.rms_norm_eps, m.rope, batch.attn, kv.layers[l], q3);
-    } else if (L.w_qkv.defined()) {
-      // One GEMM for q, k, v; norm + RoPE + KV page write in one kernel.
-      be.matmul(normed, L.w_qkv, L.b_qkv, qkv);
+    if (L.w_qkv.defined()) {
+      // One GEMM for q, k, v (the norm folded in where the backend can);
+      // norm + RoPE + KV page write in one kernel.
+      if (fused_norm) {
+        be.rms_norm_matmul(resid, L.attn_norm, c.rms_norm_eps, L.w_qkv, L.b_qkv, normed, qkv);
+      } else {
+        norm_resid(L.attn_norm, l == 0);
+        be.matmul(normed, L.w_qkv, L.b_qkv, qkv);
+      }
       be.qkv_rope_kv_write(qkv, L.q_norm, L.k_norm, c.rms_norm_eps, m.rope, batch.attn, kv.layers[l], q3);
     } else {
+      norm_resid(L.attn_norm, l == 0);
       Tensor k = ws.k.slice(0, n), v = ws.v.slice(0, n);
       Tensor k3 = k.view({n, hk, hd});
       Tensor v3 = v.view({n, hk, hd});
@@ -575,26 +589,14 @@ Tensor Model::forward(const ForwardBatch& batch, KvCache& kv) {
       be.kv_write(k3, v3, batch.attn, kv.layers[l]);
     }
     be.paged_attention(q3, kv.layers[l], batch.attn, scale, window, attn3);
-    if (fused_resid) {
-      be.matmul_add(attn, L.wo, resid, proj);  // resid += attention output
-    } else {
-      be.matmul(attn, L.wo, Tensor(), proj);
-    }
+    project(attn, L.wo);  // + attention output
     if (fused_norm) {
       be.rms_norm_matmul_silu_mul(resid, L.ffn_norm, c.rms_norm_eps, L.w_gate_up, normed, gate_up, act);
     } else {
-      if (fused_resid) {
-        be.rms_norm(resid, L.ffn_norm, c.rms_norm_eps, normed);
-      } else {
-        be.add_rms_norm(resid, proj, L.ffn_norm, c.rms_norm_eps, normed);  // + attention output
-      }
+      norm_resid(L.ffn_norm, false);
       be.matmul_silu_mul(normed, L.w_gate_up, gate_up, act);  // CUDA batch 1: one kernel
     }
-    if (fused_resid) {
-      be.matmul_add(act, L.w_down, resid, proj);  // resid += MLP output
-    } else {
-      be.matmul(act, L.w_down, Tensor(), proj);
-    }
+    project(act, L.w_down);  // + MLP output
   }
   const int64_t r = batch.num_logit_rows;
   OSP_CHECK_LE(r, n);

@@ -250,52 +250,49 @@ void ProfilingBackend::add(Tensor& x, const Tensor& y) {
   timed("add", 2 * nbytes(x) + nbytes(y), 0, [&] { inner_->add(x, y); });
 }
 
-void ProfilingBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out) {
+const char* ProfilingBackend::matmul_label(const char* op, const Tensor& w) {
   if (recording()) {
-    std::snprintf(label_buf_, sizeof label_buf_, "matmul %lldx%lld %s", static_cast<long long>(w.rows()),
+    std::snprintf(label_buf_, sizeof label_buf_, "%s %lldx%lld %s", op, static_cast<long long>(w.rows()),
                   static_cast<long long>(w.cols()), std::string(dtype_name(w.dtype())).c_str());
   }
-  const double flops =
-      2.0 * static_cast<double>(x.rows()) * static_cast<double>(w.rows()) * static_cast<double>(w.cols());
+  return label_buf_;
+}
+
+namespace {
+
+// 2 * n * m * k for x [n, k] times w [m, k]^T.
+double matmul_flops(const Tensor& x, const Tensor& w) {
+  return 2.0 * static_cast<double>(x.rows()) * static_cast<double>(w.rows()) * static_cast<double>(w.cols());
+}
+
+}  // namespace
+
+void ProfilingBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out) {
+  const char* label = matmul_label("matmul", w);
+  const double flops = matmul_flops(x, w);
   const double bytes = nbytes(w) + nbytes(x) + nbytes(out) + nbytes(bias);
-  timed(label_buf_, bytes, flops, [&] { inner_->matmul(x, w, bias, out); });
+  timed(label, bytes, flops, [&] { inner_->matmul(x, w, bias, out); });
 }
 
 void ProfilingBackend::matmul_add(const Tensor& x, const Tensor& w, Tensor& residual, Tensor& scratch) {
-  if (recording()) {
-    std::snprintf(label_buf_, sizeof label_buf_, "matmul+add %lldx%lld %s", static_cast<long long>(w.rows()),
-                  static_cast<long long>(w.cols()), std::string(dtype_name(w.dtype())).c_str());
-  }
-  const double flops =
-      2.0 * static_cast<double>(x.rows()) * static_cast<double>(w.rows()) * static_cast<double>(w.cols());
+  const char* label = matmul_label("matmul+add", w);
   const double bytes = nbytes(w) + nbytes(x) + 2 * nbytes(residual);
-  timed(label_buf_, bytes, flops, [&] { inner_->matmul_add(x, w, residual, scratch); });
+  timed(label, bytes, matmul_flops(x, w), [&] { inner_->matmul_add(x, w, residual, scratch); });
 }
 
 void ProfilingBackend::rms_norm_matmul(const Tensor& x, const Tensor& norm_w, float eps, const Tensor& w,
                                        const Tensor& bias, Tensor& normed, Tensor& out) {
-  if (recording()) {
-    std::snprintf(label_buf_, sizeof label_buf_, "rms_norm+matmul %lldx%lld %s", static_cast<long long>(w.rows()),
-                  static_cast<long long>(w.cols()), std::string(dtype_name(w.dtype())).c_str());
-  }
-  const double flops =
-      2.0 * static_cast<double>(x.rows()) * static_cast<double>(w.rows()) * static_cast<double>(w.cols());
+  const char* label = matmul_label("rms_norm+matmul", w);
   const double bytes = nbytes(w) + nbytes(x) + nbytes(norm_w) + nbytes(out) + nbytes(bias);
-  timed(label_buf_, bytes, flops, [&] { inner_->rms_norm_matmul(x, norm_w, eps, w, bias, normed, out); });
+  timed(label, bytes, matmul_flops(x, w), [&] { inner_->rms_norm_matmul(x, norm_w, eps, w, bias, normed, out); });
 }
 
 void ProfilingBackend::rms_norm_matmul_silu_mul(const Tensor& x, const Tensor& norm_w, float eps,
                                                 const Tensor& w_gate_up, Tensor& normed, Tensor& gate_up,
                                                 Tensor& out) {
-  if (recording()) {
-    std::snprintf(label_buf_, sizeof label_buf_, "rms_norm+matmul+silu_mul %lldx%lld %s",
-                  static_cast<long long>(w_gate_up.rows()), static_cast<long long>(w_gate_up.cols()),
-                  std::string(dtype_name(w_gate_up.dtype())).c_str());
-  }
-  const double flops = 2.0 * static_cast<double>(x.rows()) * static_cast<double>(w_gate_up.rows()) *
-                       static_cast<double>(w_gate_up.cols());
+  const char* label = matmul_label("rms_norm+matmul+silu_mul", w_gate_up);
   const double bytes = nbytes(w_gate_up) + nbytes(x) + nbytes(norm_w) + nbytes(out);
-  timed(label_buf_, bytes, flops,
+  timed(label, bytes, matmul_flops(x, w_gate_up),
         [&] { inner_->rms_norm_matmul_silu_mul(x, norm_w, eps, w_gate_up, normed, gate_up, out); });
 }
 

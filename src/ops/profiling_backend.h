@@ -173,6 +173,9 @@ class ProfilingBackend final : public Backend {
   static constexpr size_t kMaxPending = kTimerMarksHeld / 2 - 16;
 
   bool recording() const { return in_step_ && !capturing_; }
+  // "<op> MxK dtype" of weight w in label_buf_ (written only while
+  // recording; the group name of a matmul-like op); returns label_buf_.
+  const char* matmul_label(const char* op, const Tensor& w);
   // Index of (phase_, label) in groups_, created on first use. Holds mutex_.
   int group_index(const char* label);
   // Runs fn; when recording, between two marks filed under label.
