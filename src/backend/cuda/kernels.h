@@ -134,17 +134,19 @@ bool launch_gemv_silu_mul(DType w_dtype, const void* w, int64_t row_bytes, int64
 // k % 8 == 0. False (nothing launched) where a dtype or alignment does not
 // fit or a pass's staged rows exceed the device's shared memory per block.
 // PDL as launch_gemv (g is read after the wait, like x). Meant for n <= a
-// few passes of kGemvRowsPerPass: each pass re-reads w.
+// few passes of kGemvRowsPerPass: each pass re-reads w. num_sms: the
+// device's SM count (the persistent grid's size).
 bool launch_gemv_rms_norm(DType w_dtype, const void* w, int64_t row_bytes, int64_t m, int64_t k, DType act,
                           const void* x, int64_t n, const float* g, float eps, const float* bias, void* out,
-                          cudaStream_t stream);
+                          int num_sms, cudaStream_t stream);
 
 // launch_gemv_silu_mul with x RMS-normed first (as launch_gemv_rms_norm,
 // one row staged per block): out[j] = silu(gate_j) * up_j, gate_j / up_j =
 // dot(xn, w row) rounded to act. Same operand rules as both; false (nothing
 // launched) where they do not fit or OSPREY_FUSED_SILU=0.
 bool launch_gemv_rms_norm_silu_mul(DType w_dtype, const void* w, int64_t row_bytes, int64_t f, int64_t k, DType act,
-                                   const void* x, const float* g, float eps, void* out, cudaStream_t stream);
+                                   const void* x, const float* g, float eps, void* out, int num_sms,
+                                   cudaStream_t stream);
 
 // dst[r, :] = dequant(w row r) as out_dtype (F32, BF16 or F16), r < rows (dst
 // leading dimension k).

@@ -125,6 +125,22 @@ __device__ __forceinline__ float lane_dot16(const char* wr, const uint4 (&pre)[k
   return acc;
 }
 
+// acc[r] += dot8(x row r at element idx, wv) for r < n <= kNR: one 8-element
+// weight chunk against each activation row (rows k elements apart).
+template <class XT, int kNR>
+__device__ __forceinline__ void fma_rows8(float (&acc)[kNR], const float (&wv)[8], const XT* x, int64_t k, int64_t idx,
+                                          int n) {
+#pragma unroll
+  for (int r = 0; r < kNR; ++r) {
+    if (r < n) {
+      float xv[8];
+      load8_act<XT>(x + r * k + idx, xv);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[r] += xv[e] * wv[e];
+    }
+  }
+}
+
 // out[r * ldo + row] = dot(x[r * k : +k], w row) (+ bias[row]) for r < n <= kN;
 // accumulate: + out[r * ldo + row] too, read after pdl_wait and added in
 // fp32 before the one rounding to OT (matmul_add: the residual).
@@ -205,15 +221,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     for (; i < k; i += kStep) {
       float wv[8];
       load8<T>(wr, i, wv);
-#pragma unroll
-      for (int r = 0; r < kNR; ++r) {
-        if (r < n) {
-          float xv[8];
-          load8_act<XT>(x + r * k + i, xv);
-#pragma unroll
-          for (int e = 0; e < 8; ++e) acc[r] += xv[e] * wv[e];
-        }
-      }
+      fma_rows8<XT, kNR>(acc, wv, x, k, i, n);
     }
   } else {
     for (int64_t i = lane; i < k; i += 32) {
@@ -484,15 +492,7 @@ __device__ __forceinline__ void staged_dot(const char* wr, const uint4 (&pre)[kP
       if (idx < k) {
         float wv[8];
         unpack8<T>(pre[c], wv);
-#pragma unroll
-        for (int r = 0; r < kNR; ++r) {
-          if (r < n) {
-            float xv[8];
-            load8_act<XT>(xs + r * k + idx, xv);
-#pragma unroll
-            for (int e = 0; e < 8; ++e) acc[r] += xv[e] * wv[e];
-          }
-        }
+        fma_rows8<XT, kNR>(acc, wv, xs, k, idx, n);
       }
     }
     i += kPreChunks * kStep;
@@ -508,29 +508,13 @@ __device__ __forceinline__ void staged_dot(const char* wr, const uint4 (&pre)[kP
     for (int u = 0; u < kUnroll; ++u) {
       float wv[8];
       unpack8<T>(raw[u], wv);
-#pragma unroll
-      for (int r = 0; r < kNR; ++r) {
-        if (r < n) {
-          float xv[8];
-          load8_act<XT>(xs + r * k + i + u * kStep, xv);
-#pragma unroll
-          for (int e = 0; e < 8; ++e) acc[r] += xv[e] * wv[e];
-        }
-      }
+      fma_rows8<XT, kNR>(acc, wv, xs, k, i + u * kStep, n);
     }
   }
   for (; i < k; i += kStep) {
     float wv[8];
     load8<T>(wr, i, wv);
-#pragma unroll
-    for (int r = 0; r < kNR; ++r) {
-      if (r < n) {
-        float xv[8];
-        load8_act<XT>(xs + r * k + i, xv);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) acc[r] += xv[e] * wv[e];
-      }
-    }
+    fma_rows8<XT, kNR>(acc, wv, xs, k, i, n);
   }
 }
 
@@ -684,21 +668,13 @@ int64_t norm_stage_limit_bytes() {
 }
 
 // Blocks of kKernel (kNormThreads threads, `smem` dynamic bytes) resident
-// at once on the current device: the persistent grid's size. Cached per
-// kernel (a template argument: instantiations share a function type) for
-// the last smem size (a host query, no stream work, so it is also safe
-// while a graph is captured); at least 1.
+// at once on one SM of the current device. Cached per kernel (a template
+// argument: instantiations share a function type) for the last smem size
+// (a host query, no stream work, so it is also safe while a graph is
+// captured); at least 1.
 template <auto kKernel>
-int64_t norm_resident_blocks(size_t smem) {
+int64_t norm_blocks_per_sm(size_t smem) {
   static std::atomic<int64_t> cache{0};  // (smem << 20) | blocks; 0: unknown
-  static const int64_t sms = [] {
-    int v = 0;
-    if (cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, current_device()) != cudaSuccess) {
-      (void)cudaGetLastError();
-      v = 1;
-    }
-    return static_cast<int64_t>(std::max(v, 1));
-  }();
   const int64_t c = cache.load(std::memory_order_relaxed);
   if (c != 0 && static_cast<size_t>(c >> 20) == smem) return c & ((int64_t{1} << 20) - 1);
   int per_sm = 0;
@@ -706,17 +682,18 @@ int64_t norm_resident_blocks(size_t smem) {
     (void)cudaGetLastError();
     per_sm = 1;
   }
-  const int64_t blocks = std::min<int64_t>(std::max(per_sm, 1) * sms, (int64_t{1} << 20) - 1);
+  const int64_t blocks = std::clamp<int64_t>(per_sm, 1, (int64_t{1} << 20) - 1);
   cache.store((static_cast<int64_t>(smem) << 20) | blocks, std::memory_order_relaxed);
   return blocks;
 }
 
 // Launches kKernel over `tiles` tiles with `smem` dynamic bytes: raises the
-// kernel's limit once, grid = min(tiles, resident blocks).
+// kernel's limit once, grid = min(tiles, the blocks resident at once on
+// num_sms SMs).
 template <auto kKernel, class... Args>
-void launch_norm_kernel(int64_t tiles, size_t smem, cudaStream_t stream, Args... args) {
+void launch_norm_kernel(int64_t tiles, size_t smem, int num_sms, cudaStream_t stream, Args... args) {
   set_max_dynamic_smem_once(kKernel, smem);
-  const int64_t grid = std::min(tiles, norm_resident_blocks<kKernel>(smem));
+  const int64_t grid = std::min(tiles, norm_blocks_per_sm<kKernel>(smem) * std::max(num_sms, 1));
   launch_pdl(kKernel, dim3(static_cast<unsigned>(grid)), dim3(kNormThreads), smem, stream, args...);
 }
 
@@ -724,7 +701,7 @@ void launch_norm_kernel(int64_t tiles, size_t smem, cudaStream_t stream, Args...
 
 bool launch_gemv_rms_norm(DType w_dtype, const void* w, int64_t row_bytes, int64_t m, int64_t k, DType act,
                           const void* x, int64_t n, const float* g, float eps, const float* bias, void* out,
-                          cudaStream_t stream) {
+                          int num_sms, cudaStream_t stream) {
   if (!norm_fold_fits(w_dtype, w, row_bytes, k, act, x, g)) return false;
   // Staged rows of one pass must fit in shared memory.
   if (std::min<int64_t>(n, kN) * k * 2 > norm_stage_limit_bytes()) return false;
@@ -740,11 +717,11 @@ bool launch_gemv_rms_norm(DType w_dtype, const void* w, int64_t row_bytes, int64
       XT* op = static_cast<XT*>(out) + r0 * m;
       const size_t smem = static_cast<size_t>(rows * k) * sizeof(XT);
       if (rows == 1) {
-        launch_norm_kernel<gemv_norm_kernel<W, XT, 1>>(tiles, smem, stream, wp, row_bytes, m, k, xp, rows, g, eps, bias,
-                                                       op);
+        launch_norm_kernel<gemv_norm_kernel<W, XT, 1>>(tiles, smem, num_sms, stream, wp, row_bytes, m, k, xp, rows, g,
+                                                       eps, bias, op);
       } else {
-        launch_norm_kernel<gemv_norm_kernel<W, XT, kN>>(tiles, smem, stream, wp, row_bytes, m, k, xp, rows, g, eps,
-                                                        bias, op);
+        launch_norm_kernel<gemv_norm_kernel<W, XT, kN>>(tiles, smem, num_sms, stream, wp, row_bytes, m, k, xp, rows, g,
+                                                        eps, bias, op);
       }
     }
   });
@@ -752,7 +729,8 @@ bool launch_gemv_rms_norm(DType w_dtype, const void* w, int64_t row_bytes, int64
 }
 
 bool launch_gemv_rms_norm_silu_mul(DType w_dtype, const void* w, int64_t row_bytes, int64_t f, int64_t k, DType act,
-                                   const void* x, const float* g, float eps, void* out, cudaStream_t stream) {
+                                   const void* x, const float* g, float eps, void* out, int num_sms,
+                                   cudaStream_t stream) {
   if (!fused_silu_enabled() || f <= 0 || !norm_fold_fits(w_dtype, w, row_bytes, k, act, x, g) ||
       k * 2 > norm_stage_limit_bytes())
     return false;
@@ -762,7 +740,7 @@ bool launch_gemv_rms_norm_silu_mul(DType w_dtype, const void* w, int64_t row_byt
   dispatch16(w_dtype, act, x, [&](auto wtag, auto* xp) {
     using XT = std::remove_const_t<std::remove_pointer_t<decltype(xp)>>;
     constexpr DType W = decltype(wtag)::value;
-    launch_norm_kernel<gemv_norm_silu_mul_kernel<W, XT>>(tiles, smem, stream, wp, row_bytes, f, k, xp, g, eps,
+    launch_norm_kernel<gemv_norm_silu_mul_kernel<W, XT>>(tiles, smem, num_sms, stream, wp, row_bytes, f, k, xp, g, eps,
                                                          static_cast<XT*>(out));
   });
   return true;

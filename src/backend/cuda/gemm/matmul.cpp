@@ -438,7 +438,7 @@ void CudaBackend::rms_norm_matmul(const Tensor& x, const Tensor& norm_w, float e
     bind_device();
     const float* b = bias.defined() ? bias.data_as<float>() : nullptr;
     if (launch_gemv_rms_norm(w.dtype(), w.data(), w.row_bytes(), w.dim(0), w.dim(1), x.dtype(), x.data(), x.rows(),
-                             norm_w.data_as<float>(), eps, b, out.data(), stream_))
+                             norm_w.data_as<float>(), eps, b, out.data(), num_sms_, stream_))
       return;
   }
   ops::Backend::rms_norm_matmul(x, norm_w, eps, w, bias, normed, out);  // rms_norm, then matmul
@@ -453,13 +453,14 @@ void CudaBackend::rms_norm_matmul_silu_mul(const Tensor& x, const Tensor& norm_w
     const float* g = norm_w.data_as<float>();
     // One row: norm, gate/up and SiLU-and-mul in one kernel, gate_up unwritten.
     if (x.rows() == 1 && launch_gemv_rms_norm_silu_mul(w_gate_up.dtype(), w_gate_up.data(), w_gate_up.row_bytes(), f,
-                                                       k, x.dtype(), x.data(), g, eps, out.data(), stream_))
+                                                       k, x.dtype(), x.data(), g, eps, out.data(), num_sms_, stream_))
       return;
     // More rows (or OSPREY_FUSED_SILU=0): the folded-norm GEMV into gate_up, then silu_mul.
     const bool gate_up_ok = gate_up.defined() && gate_up.device() == Device::kCuda && gate_up.ndim() == 2 &&
                             gate_up.rows() == x.rows() && gate_up.cols() == 2 * f && gate_up.dtype() == x.dtype();
     if (gate_up_ok && launch_gemv_rms_norm(w_gate_up.dtype(), w_gate_up.data(), w_gate_up.row_bytes(), 2 * f, k,
-                                           x.dtype(), x.data(), x.rows(), g, eps, nullptr, gate_up.data(), stream_)) {
+                                           x.dtype(), x.data(), x.rows(), g, eps, nullptr, gate_up.data(), num_sms_,
+                                           stream_)) {
       silu_mul(gate_up, out);
       return;
     }
