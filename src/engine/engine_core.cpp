@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
 
 #include "core/check.h"
 #include "engine/batch_builder.h"
@@ -12,6 +15,24 @@ namespace {
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
+}
+
+// OSPREY_STEP_TRACE=<file>: one line per finished step, "step seqs tokens
+// decode_only device_us" (device_us -1 where the executor has no timing), to
+// compare the engine's steps with model_bench's at the same shapes. Opened
+// once per process; lines from several engines interleave.
+void trace_step(int64_t id, size_t seqs, int tokens, bool decode_only, int64_t device_ns) {
+  static std::once_flag once;
+  static std::FILE* f = nullptr;
+  static std::mutex mu;
+  std::call_once(once, [] {
+    if (const char* path = std::getenv("OSPREY_STEP_TRACE"); path && *path) f = std::fopen(path, "w");
+  });
+  if (!f) return;
+  const std::lock_guard<std::mutex> lock(mu);
+  std::fprintf(f, "%lld %zu %d %d %.1f\n", static_cast<long long>(id), seqs, tokens, decode_only ? 1 : 0,
+               device_ns >= 0 ? 1e-3 * static_cast<double>(device_ns) : -1.0);
+  std::fflush(f);
 }
 }  // namespace
 
@@ -453,6 +474,7 @@ Status EngineCore::finish_oldest(std::vector<SeqEvent>& events) {
   std::sort(touched.begin(), touched.end());
   touched.erase(std::unique(touched.begin(), touched.end()), touched.end());
   for (RequestState* r : touched) release_request_if_done(*r);
+  trace_step(rec.id, rec.seqs.size(), rec.num_tokens, rec.decode_only, executor_.last_step_device_ns());
   if (rec.decode_only) {
     ++stats_.num_decode_steps;
     stats_.decode_tokens += rec.num_tokens;
