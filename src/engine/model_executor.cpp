@@ -1,8 +1,12 @@
 #include "engine/model_executor.h"
 
 #include <algorithm>
+#include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <string>
+
+#include <spdlog/spdlog.h>
 
 #include "core/check.h"
 
@@ -198,14 +202,15 @@ ForwardBatch ModelExecutor::device_batch(int num_seqs, int num_tokens, int max_q
   return fb;
 }
 
-void ModelExecutor::warm_up(KvCache& kv, int block_size) {
-  // max_tokens tokens in sequences of up to max_model_len tokens, every page
-  // read being page 0 and no KV written: the largest activations, GEMM
-  // shapes and attention work of any step.
+void ModelExecutor::warm_up(KvCache& kv, int block_size, int tokens) {
+  // `tokens` tokens in sequences of up to max_model_len tokens, every page
+  // read being page 0 and no KV written. At max_tokens: the largest
+  // activations, GEMM shapes and attention work of any step.
   const Layout& L = layout_;
-  const int seq_len = std::max(1, std::min(L.max_tokens, max_model_len_));
-  const int num_seqs = std::min(L.max_seqs, (L.max_tokens + seq_len - 1) / seq_len);
-  const int T = std::min(L.max_tokens, num_seqs * seq_len);
+  const int want = std::clamp(tokens, 1, L.max_tokens);
+  const int seq_len = std::max(1, std::min(want, max_model_len_));
+  const int num_seqs = std::min(L.max_seqs, (want + seq_len - 1) / seq_len);
+  const int T = std::min(want, num_seqs * seq_len);
   OSP_CHECK(kv.num_blocks >= 1);
   int32_t* ids = host<int32_t>(L.token_ids);
   int32_t* pos = host<int32_t>(L.positions);
@@ -233,6 +238,30 @@ void ModelExecutor::warm_up(KvCache& kv, int block_size) {
                                  L.block_indices + static_cast<size_t>(bi[num_seqs]) * 4 - L.token_ids);
   model_->forward(device_batch(num_seqs, T, seq_len, seq_len, rows), kv);
   backend_->synchronize();
+}
+
+void ModelExecutor::warm_up_matmuls(KvCache& kv, int block_size) {
+  // One step at each row count where the backend settles a matmul choice
+  // (cuBLASLt autotuning buckets on CUDA) that warm_up and warm_up_decode
+  // did not reach. Left to serving, the first step of each bucket timed 8
+  // candidates per weight shape with host waits in between: on an H200 in
+  // the online 100-stream run, mixed steps of 320-448 tokens averaged
+  // 15.7-21.5 ms against 15.2 ms at 512, which had been tuned.
+  // OSPREY_MATMUL_WARMUP=0 leaves them to serving (A/B runs).
+  if (matmuls_warmed_) return;
+  matmuls_warmed_ = true;
+  if (const char* env = std::getenv("OSPREY_MATMUL_WARMUP"); env && std::string(env) == "0") return;
+  const auto t0 = std::chrono::steady_clock::now();
+  int steps = 0;
+  for (const int64_t n : backend_->matmul_tuning_rows(layout_.max_tokens)) {
+    if (n <= decode_warm_rows_ || n >= layout_.max_tokens) continue;  // decode buckets; warm_up's own step
+    warm_up(kv, block_size, static_cast<int>(n));
+    ++steps;
+  }
+  if (steps > 0)
+    spdlog::info("matmul warm-up: {} steps of {}..{} tokens in {:.0f} ms", steps, decode_warm_rows_ + 1,
+                 layout_.max_tokens,
+                 std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
 }
 
 void ModelExecutor::warm_up_decode(KvCache& kv) {
@@ -264,6 +293,7 @@ void ModelExecutor::warm_up_decode(KvCache& kv) {
     model_->forward(device_batch(b, b, 1, max_model_len_, b), kv);
   }
   backend_->synchronize();
+  decode_warm_rows_ = std::max(decode_warm_rows_, max_bucket);
 }
 
 Expected<ModelExecutor::MemoryProfile> ModelExecutor::profile_memory(int max_tokens, int max_logit_rows,
@@ -279,8 +309,9 @@ Expected<ModelExecutor::MemoryProfile> ModelExecutor::profile_memory(int max_tok
   model_->reserve(max_tokens, rows);
   OSP_RETURN_IF_ERROR(allocate_step_buffers(max_tokens, rows, block_size));
   KvCache tmp = model_->allocate_kv(1, block_size);
-  warm_up(tmp, block_size);
+  warm_up(tmp, block_size, max_tokens);
   warm_up_decode(tmp);
+  warm_up_matmuls(tmp, block_size);
   model_->free_kv(tmp);
   prof.measured = backend_->memory_info(prof.free_bytes, prof.total_bytes);
   prof.in_use_bytes = prof.total_bytes - prof.free_bytes;
@@ -297,12 +328,19 @@ Status ModelExecutor::initialize(int num_blocks, int block_size, int max_tokens,
   if (on_host_) return Status::Ok();
   OSP_RETURN_IF_ERROR(allocate_step_buffers(max_tokens, max_logit_rows_, block_size));
   // Scratch reaches its largest size before any graph is captured.
-  warm_up(kv_, block_size);
+  warm_up(kv_, block_size, layout_.max_tokens);
   max_bucket_ = std::min({max_num_seqs_, max_tokens, max_logit_rows_, layout_.max_seqs});
   graphs_on_ = options_.enable_graphs && backend_->supports_graphs();
   if (graphs_on_) {
     warm_up_decode(kv_);
     decode_warmed_ = true;
+  }
+  warm_up_matmuls(kv_, block_size);
+  if (graphs_on_) {
+    capture_decode_graphs();
+    if (graphs_on_)
+      spdlog::info("decode graphs: {} buckets up to {} sequences captured in {:.0f} ms", graphs_.size(), max_bucket_,
+                   capture_ms_);
   }
   return Status::Ok();
 }
@@ -314,6 +352,7 @@ void ModelExecutor::set_graphs_enabled(bool on) {
     warm_up_decode(kv_);
     decode_warmed_ = true;
   }
+  if (graphs_on_) capture_decode_graphs();
 }
 
 Status ModelExecutor::initialize_swap(int num_host_blocks) {
@@ -466,26 +505,58 @@ ForwardBatch ModelExecutor::stage(const StepBatch& b, int padded) {
   return fb;
 }
 
+ForwardBatch ModelExecutor::decode_graph_batch(int bucket) const {
+  // What stage() builds for a pure-decode step padded to `bucket` sequences,
+  // with the decode overrides of enqueue(): the graph's launch parameters
+  // depend on these sizes only, never on the arrays' contents.
+  ForwardBatch fb = device_batch(bucket, bucket, 1, max_model_len_, bucket);
+  fb.attn.num_leading_decodes = bucket;
+  return fb;
+}
+
+bool ModelExecutor::capture_decode_graph(int bucket) {
+  // Scratch of every bucket was reserved by warm_up_decode's eager forwards
+  // (and its GEMM plans chosen), so the capture records the same launches
+  // an eager step of this bucket makes and allocates nothing.
+  OSP_CHECK(decode_warmed_);
+  backend_->begin_capture();
+  Tensor logits = model_->forward(decode_graph_batch(bucket), kv_);
+  std::unique_ptr<ops::Backend::Graph> g = backend_->end_capture();
+  if (!g) {
+    graphs_on_ = false;  // capture unsupported here: eager from now on
+    options_.enable_graphs = false;
+    return false;
+  }
+  graphs_.emplace(bucket, CapturedGraph{std::move(g), logits});
+  return true;
+}
+
+void ModelExecutor::capture_decode_graphs() {
+  // Every bucket at start-up. Captured lazily, the first step of each bucket
+  // ran an eager forward, the capture and the replay: on an H200 in offline
+  // 2048/128, where the batch shrinks through ~30 buckets, those steps took
+  // 1.5-2x a replay and the decode steps averaged 22.2 ms against 18.6 eager.
+  const auto t0 = std::chrono::steady_clock::now();
+  int last = 0;
+  for (int n = 1; n <= max_bucket_ && graphs_on_; ++n) {
+    const int b = decode_graph_bucket(n, max_bucket_);
+    if (b == last) continue;
+    last = b;
+    if (graphs_.find(b) == graphs_.end() && !capture_decode_graph(b)) break;
+  }
+  capture_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
 Tensor ModelExecutor::run_graph(int bucket, const ForwardBatch& fb) {
   auto it = graphs_.find(bucket);
   if (it == graphs_.end()) {
-    // Eager run of the same shape first: whatever scratch it needs is
-    // reserved before capture (it also computes this step's result, which
-    // the replay below recomputes bit for bit).
-    model_->forward(fb, kv_);
-    backend_->begin_capture();
-    graph_logits_ = model_->forward(fb, kv_);
-    std::unique_ptr<ops::Backend::Graph> g = backend_->end_capture();
-    if (!g) {
-      graphs_on_ = false;  // capture unsupported here: eager from now on
-      options_.enable_graphs = false;
-      return model_->forward(fb, kv_);
-    }
-    it = graphs_.emplace(bucket, std::move(g)).first;
+    // Not captured at start-up (graphs were off then): capture it now.
+    if (!capture_decode_graph(bucket)) return model_->forward(fb, kv_);
+    it = graphs_.find(bucket);
   }
-  it->second->launch();
+  it->second.graph->launch();
   ++num_graph_replays_;
-  return graph_logits_;
+  return it->second.logits;
 }
 
 bool ModelExecutor::supports_async_steps() const {

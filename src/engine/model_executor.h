@@ -7,7 +7,9 @@
 // copies are queued on the backend's stream (device-to-device, or through
 // pinned host slots); the step's index arrays are packed into pinned staging
 // and uploaded with two or three queued copies; the forward runs eagerly or
-// replays the graph of its batch-size bucket; the device sampler turns the
+// replays the graph of its batch-size bucket (every bucket is captured by
+// initialize, after warm-up steps that also settle the backend's matmul
+// choices at every row-count bucket); the device sampler turns the
 // sampled rows into ids (and logprobs); the ids (and the logits, only when
 // some row is sampled or scored on the host) are copied back, and the step
 // waits for the stream once.
@@ -105,6 +107,7 @@ class ModelExecutor final : public Executor {
   ops::Backend& backend() { return *backend_; }
   const KvCache& kv() const { return kv_; }
   int num_graphs() const { return static_cast<int>(graphs_.size()); }
+  double graph_capture_ms() const { return capture_ms_; }
   int64_t num_graph_replays() const { return num_graph_replays_; }
   int64_t num_eager_decode_steps() const { return num_eager_decode_; }
   bool graphs_enabled() const { return graphs_on_; }
@@ -149,10 +152,21 @@ class ModelExecutor final : public Executor {
   // ForwardBatch over the device arrays.
   ForwardBatch stage(const StepBatch& b, int padded);
   ForwardBatch device_batch(int num_seqs, int num_tokens, int max_q_len, int max_kv_len, int num_logit_rows) const;
-  // Forward of one step of max_tokens tokens writing no KV (scratch sizes).
-  void warm_up(KvCache& kv, int block_size);
+  // Forward of one step of `tokens` tokens writing no KV (at max_tokens: scratch sizes).
+  void warm_up(KvCache& kv, int block_size, int tokens);
+  // warm_up at each of the backend's matmul_tuning_rows that warm_up and
+  // warm_up_decode did not reach, once (the choices live in the backend).
+  void warm_up_matmuls(KvCache& kv, int block_size);
   // Eager forwards of every decode bucket, all sequences padded.
   void warm_up_decode(KvCache& kv);
+  // The ForwardBatch of a pure-decode step padded to `bucket` sequences.
+  ForwardBatch decode_graph_batch(int bucket) const;
+  // Captures the decode graph of one bucket (after warm_up_decode); false
+  // when the backend cannot capture (graphs are then off for good).
+  bool capture_decode_graph(int bucket);
+  // Every bucket's graph not yet captured (at initialize, or when graphs are turned on).
+  void capture_decode_graphs();
+  // Replays the bucket's graph (capturing it first if missing).
   Tensor run_graph(int bucket, const ForwardBatch& fb);
   template <class T>
   T* dev(size_t offset) const {
@@ -197,8 +211,14 @@ class ModelExecutor final : public Executor {
 
   bool graphs_on_ = false;
   bool decode_warmed_ = false;  // warm_up_decode ran on kv_
-  std::map<int, std::unique_ptr<ops::Backend::Graph>> graphs_;  // by bucket
-  Tensor graph_logits_;  // logits of the captured forwards (same buffer for every bucket)
+  bool matmuls_warmed_ = false;  // warm_up_matmuls ran (its choices live in the backend)
+  int decode_warm_rows_ = 0;     // largest batch warm_up_decode ran (its row counts are settled)
+  struct CapturedGraph {
+    std::unique_ptr<ops::Backend::Graph> graph;
+    Tensor logits;  // what the captured forward returned (its replays rewrite it)
+  };
+  std::map<int, CapturedGraph> graphs_;  // by bucket
+  double capture_ms_ = 0;                // host time spent capturing
   int max_bucket_ = 0;
   int64_t num_graph_replays_ = 0;
   int64_t num_eager_decode_ = 0;

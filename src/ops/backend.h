@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
+#include <vector>
 
 #include "core/tensor.h"
 
@@ -256,6 +257,16 @@ class Backend {
   };
   virtual bool supports_device_sampling() const { return false; }
   virtual void sample(const SampleBatch& batch) { (void)batch; }
+
+  // Row counts (<= max_rows, ascending) at which a matmul of a given weight
+  // shape settles its kernel choice for a range of row counts, e.g. by
+  // timing candidates on first use. The engine runs one warm-up step at each
+  // before serving, so no step pays for that choice. Empty: nothing to warm
+  // (the CPU backend's kernels are fixed).
+  virtual std::vector<int64_t> matmul_tuning_rows(int64_t max_rows) const {
+    (void)max_rows;
+    return {};
+  }
 
   // Graphs: the ops queued between begin_capture() and end_capture() are
   // recorded (not run) and replayed by Graph::launch() with the same

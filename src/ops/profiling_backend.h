@@ -156,6 +156,9 @@ class ProfilingBackend final : public Backend {
   bool supports_device_sampling() const override { return inner_->supports_device_sampling(); }
   void sample(const SampleBatch& batch) override;
   bool supports_graphs() const override { return inner_->supports_graphs(); }
+  std::vector<int64_t> matmul_tuning_rows(int64_t max_rows) const override {
+    return inner_->matmul_tuning_rows(max_rows);
+  }
   void begin_capture() override;
   std::unique_ptr<Graph> end_capture() override;
   uint64_t timer_mark() override { return inner_->timer_mark(); }

@@ -1,8 +1,10 @@
 // Engine-level GPU tests over a SmolLM2 GGUF (the truncated 4-layer copy in
 // .devdata on the device machine; see default_model_path):
 //   - the executor: a decode graph's replay equals the eager step bit for bit,
-//     padded buckets match the unpadded eager step; device greedy == host
-//     greedy over the same logits (penalised rows too);
+//     padded buckets match the unpadded eager step; every decode graph and
+//     every cuBLASLt tuning bucket is settled by initialize (BF16 dummy
+//     weights), none by a step; device greedy == host greedy over the same
+//     logits (penalised rows too);
 //   - the engine: batched greedy == each request alone under every
 //     configuration of engine_variants() (graphs off, prefix caching off,
 //     chunked prefill at 40 tokens / off, forced preemption by recompute and
@@ -127,6 +129,8 @@ TEST(ExecutorGpu, GraphReplayEqualsEagerStep) {
   auto exec = make_executor(path, ExecutorOptions{}, 8);
   ASSERT_NE(exec, nullptr);
   ASSERT_TRUE(exec->graphs_enabled());
+  // Every bucket (1, 2, 4, 8) is captured by initialize, none while stepping.
+  EXPECT_EQ(exec->num_graphs(), 4);
   const int vocab = exec->vocab_size();
   for (int n : {4, 3, 8, 1}) {  // 4, 8, 1: buckets; 3 pads to 4
     std::vector<Seq> seqs = make_seqs(n, vocab, 100 + n);
@@ -167,7 +171,54 @@ TEST(ExecutorGpu, GraphReplayEqualsEagerStep) {
     }
   }
   exec->set_graphs_enabled(true);
-  EXPECT_GE(exec->num_graphs(), 3);
+  EXPECT_EQ(exec->num_graphs(), 4);
+}
+
+TEST(ExecutorGpu, MatmulChoicesAndGraphsSettledBeforeServing) {
+  // BF16 dummy weights: the matmuls above GEMV sizes are cuBLASLt's, tuned
+  // per bucket of row counts on first use. initialize() must leave no
+  // bucket and no decode graph for the steps to settle.
+  ASSERT_GT(cuda::device_count(), 0) << "no CUDA device";
+  auto be = cuda::make_cuda_backend(cuda::CudaBackendOptions{});
+  ASSERT_NE(be, nullptr);
+  const ops::Backend* backend = be.get();
+  ModelLoadOptions load;
+  load.load_format = "dummy";
+  auto model = Model::load("smollm2-135m", *be, load);
+  ASSERT_TRUE(model.ok()) << model.status().to_string();
+  constexpr int kSeqs = 8, kMaxTokens = 512;
+  auto exec = std::make_unique<ModelExecutor>(std::move(be), std::move(*model), ExecutorOptions{});
+  exec->set_limits(kSeqs, kPagesPerSeq * kBlock);
+  ASSERT_TRUE(exec->initialize(kSeqs * kPagesPerSeq, kBlock, kMaxTokens, 2 * kSeqs).ok());
+  const int64_t tuned = cuda::matmul_tuning_runs(*backend);
+  EXPECT_GT(tuned, 0) << "the warm-up tuned no matmul";
+  const int graphs = exec->num_graphs();
+  EXPECT_EQ(graphs, 4);  // buckets 1, 2, 4, 8
+  const int vocab = exec->vocab_size();
+  // Prompts of row counts in assorted buckets, then decode steps of each batch size.
+  std::vector<Seq> seqs = make_seqs(kSeqs, vocab, 7);
+  const int lens[kSeqs] = {17, 100, 203, 333, 450, 37, 64, 257};
+  std::mt19937 rng(3);
+  for (int s = 0; s < kSeqs; ++s) {
+    seqs[s].tokens.resize(static_cast<size_t>(lens[s]));
+    for (auto& t : seqs[s].tokens) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(vocab));
+    auto r = exec->execute(make_step({&seqs[s]}));
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    seqs[s].computed = lens[s];
+  }
+  for (int n = 1; n <= kSeqs; ++n) {
+    std::vector<Seq*> batch;
+    for (int s = 0; s < n; ++s) {
+      seqs[s].tokens.push_back(1);
+      batch.push_back(&seqs[s]);
+    }
+    auto r = exec->execute(make_step(batch));
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    for (Seq* s : batch) s->computed = static_cast<int>(s->tokens.size());
+  }
+  EXPECT_EQ(cuda::matmul_tuning_runs(*backend), tuned) << "a serving step tuned a matmul";
+  EXPECT_EQ(exec->num_graphs(), graphs) << "a serving step captured a graph";
+  EXPECT_GE(exec->num_graph_replays(), kSeqs);
 }
 
 TEST(ExecutorGpu, DeviceGreedyEqualsHostGreedyOverTheSameLogits) {

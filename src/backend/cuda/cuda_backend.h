@@ -41,6 +41,12 @@ int device_count();
 // reason is printed to stderr.
 std::unique_ptr<ops::Backend> make_cuda_backend(const CudaBackendOptions& options);
 
+// How many times `backend` (made by make_cuda_backend) has timed cuBLASLt
+// candidates for a new shape bucket (autotuning, gemm/matmul.cpp); -1 for
+// any other backend. Tests check that serving steps after the engine's
+// warm-up time none.
+int64_t matmul_tuning_runs(const ops::Backend& backend);
+
 }  // namespace osprey::cuda
 
 namespace osprey::ops {

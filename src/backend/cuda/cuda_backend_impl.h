@@ -88,6 +88,9 @@ class CudaBackend final : public ops::Backend {
   bool supports_device_sampling() const override { return true; }
   void sample(const SampleBatch& batch) override;
   bool supports_graphs() const override { return true; }
+  // The top of each cuBLASLt autotuning bucket (gemm/matmul.cpp) up to max_rows.
+  std::vector<int64_t> matmul_tuning_rows(int64_t max_rows) const override;
+  int64_t matmul_tuning_runs() const { return lt_timings_; }
   void begin_capture() override;
   std::unique_ptr<Graph> end_capture() override;
   // Timer marks: a ring of kTimerMarksHeld events recorded on the compute stream (cuda_profile.cpp).
@@ -166,6 +169,7 @@ class CudaBackend final : public ops::Backend {
   std::map<LtKey, LtPlan> lt_plans_;
   // Fastest timed algorithm per shape bucket (the key with n rounded up to a power of two); gemm/matmul.cpp.
   std::map<LtKey, cublasLtMatmulAlgo_t> lt_best_;
+  int64_t lt_timings_ = 0;  // lt_tune calls that timed candidates (matmul_tuning_runs)
 
   DeviceBuffer cublas_workspace_;
   DeviceBuffer act_scratch_;    // activations converted to F16/BF16

@@ -66,6 +66,11 @@ constexpr size_t kLtWorkspaceBytes = size_t{32} << 20;  // == the cuBLAS workspa
 // step at 504 sequences x 320 tokens took 21.5 ms (graph replay) against
 // 19.2 ms with 504's own; offline 128/128 went from 15,962 to 16,808
 // output tok/s. Hence multiples of 8 up to 512 (--max-num-seqs 512 graphs).
+// Above, multiples of 64 up to kLtMidTuneMaxRows, then powers of two: the
+// engine tunes every bucket at its top before serving (matmul_tuning_rows),
+// and with power-of-two buckets from 513 the online run's mixed steps of
+// 512-575 tokens ran 1024's picks and took 20.6 ms against 13.7 at 448-511
+// (H200, 2026-11-26).
 // Not timed: calls inside
 // graph capture (the engine runs every graph's shape eagerly first, so the
 // plan is settled before it is captured). Accumulating calls (beta = 1: a
@@ -75,6 +80,7 @@ constexpr size_t kLtWorkspaceBytes = size_t{32} << 20;  // == the cuBLAS workspa
 constexpr int kLtCandidates = 8;
 constexpr int64_t kLtTuneMinRows = 16;
 constexpr int64_t kLtFineTuneMaxRows = 512;
+constexpr int64_t kLtMidTuneMaxRows = 2048;
 constexpr int kLtTuneReps = 3;
 
 // OSPREY_LT_FINE_MAX (8..8192, default kLtFineTuneMaxRows): the multiple-of-8
@@ -109,6 +115,7 @@ int algo_attr(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttribut
 
 int64_t tune_bucket(int64_t n) {
   if (n <= lt_fine_max_rows() && tune_mode() != TuneMode::kPow2) return (n + 7) / 8 * 8;
+  if (n <= kLtMidTuneMaxRows && tune_mode() != TuneMode::kPow2) return (n + 63) / 64 * 64;
   int64_t b = kLtTuneMinRows;
   while (b < n) b <<= 1;
   return b;
@@ -225,6 +232,23 @@ std::vector<cublasLtMatmulHeuristicResult_t> CudaBackend::lt_candidates(cublasLt
   return results;
 }
 
+int64_t matmul_tuning_runs(const ops::Backend& backend) {
+  const auto* cuda = dynamic_cast<const CudaBackend*>(&backend);
+  return cuda ? cuda->matmul_tuning_runs() : -1;
+}
+
+std::vector<int64_t> CudaBackend::matmul_tuning_rows(int64_t max_rows) const {
+  // One row count per tuning bucket: the bucket's top, or max_rows in the last.
+  std::vector<int64_t> rows;
+  if (tune_mode() == TuneMode::kOff) return rows;
+  for (int64_t n = kLtTuneMinRows; n <= max_rows;) {
+    const int64_t b = tune_bucket(n);
+    rows.push_back(std::min(b, max_rows));
+    n = b + 1;
+  }
+  return rows;
+}
+
 void CudaBackend::lt_tune(const LtKey& key, LtPlan& plan, const void* w, const void* x, void* out) {
   plan.tuned = true;  // settled now, whatever happens below: graph and eager calls of a shape agree
   const int64_t n = std::get<0>(key);
@@ -247,6 +271,7 @@ void CudaBackend::lt_tune(const LtKey& key, LtPlan& plan, const void* w, const v
   }
   const auto cands = lt_candidates(lt_, plan.desc, plan.a, plan.b, plan.c, std::get<6>(key), kLtCandidates);
   if (cands.size() < 2) return;
+  ++lt_timings_;
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
   // D of the timed runs: out itself when beta = 0 (each run rewrites it
   // whole, the call's own run below writes it last); with beta = 1 a
