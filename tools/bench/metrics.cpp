@@ -177,7 +177,30 @@ std::vector<double> itl_samples(std::span<const RequestRecord> records) {
   return v;
 }
 
-RunMetrics compute_metrics(std::span<const RequestRecord> records, const Slo& slo) {
+namespace {
+
+// RunMetrics::sustained_*: the window [sends[streams], last send) and its token rate.
+void sustained_throughput(std::span<const RequestRecord> records, int streams, RunMetrics& m) {
+  if (streams <= 0 || records.size() <= static_cast<size_t>(streams)) return;
+  std::vector<double> sends;
+  sends.reserve(records.size());
+  for (const auto& r : records) sends.push_back(r.send_s);
+  std::sort(sends.begin(), sends.end());
+  const double a = sends[static_cast<size_t>(streams)], b = sends.back();
+  if (!(b > a)) return;
+  double tokens = 0;
+  for (const auto& r : records) {
+    if (!r.ok() || r.chunk_s.empty()) continue;
+    const auto in = std::count_if(r.chunk_s.begin(), r.chunk_s.end(), [&](double t) { return t >= a && t < b; });
+    tokens += static_cast<double>(in) * r.output_tokens / static_cast<double>(r.chunk_s.size());
+  }
+  m.sustained_window_s = b - a;
+  m.sustained_output_throughput = tokens / (b - a);
+}
+
+}  // namespace
+
+RunMetrics compute_metrics(std::span<const RequestRecord> records, const Slo& slo, int streams) {
   RunMetrics m;
   m.num_requests = static_cast<int64_t>(records.size());
   double t0 = std::numeric_limits<double>::infinity(), t1 = -std::numeric_limits<double>::infinity();
@@ -213,6 +236,7 @@ RunMetrics compute_metrics(std::span<const RequestRecord> records, const Slo& sl
     if (meets_slo(r, slo)) ++m.num_good;
   if (m.duration_s > 0) m.goodput = static_cast<double>(m.num_good) / m.duration_s;
   if (m.num_requests > 0) m.good_fraction = static_cast<double>(m.num_good) / static_cast<double>(m.num_requests);
+  sustained_throughput(records, streams, m);
   return m;
 }
 

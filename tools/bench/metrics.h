@@ -83,9 +83,20 @@ struct RunMetrics {
   int64_t num_good = 0;
   double goodput = 0;               // good requests / s
   double good_fraction = 0;         // good / num_requests
+  // Closed-loop runs (compute_metrics' streams > 0): output tokens / s while
+  // every stream was busy, from the (streams + 1)-th send (the first one
+  // sent because a request had finished) to the last send; the run's start
+  // (all prompts at once, no output yet) and its drain (fewer and fewer
+  // streams) are left out. Token chunks arriving in the window count, each
+  // weighted by its request's output_tokens / chunks. 0 (window 0) when the
+  // run has no such window.
+  double sustained_window_s = 0;
+  double sustained_output_throughput = 0;
 };
 
-RunMetrics compute_metrics(std::span<const RequestRecord> records, const Slo& slo);
+// `streams`: the client's fixed number of requests in flight (closed loop,
+// no arrival rate), or 0.
+RunMetrics compute_metrics(std::span<const RequestRecord> records, const Slo& slo, int streams = 0);
 
 // Per-request derived values, also used by the CDF charts (seconds; ok requests only).
 std::vector<double> ttft_samples(std::span<const RequestRecord> records);

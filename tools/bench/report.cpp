@@ -41,6 +41,10 @@ nlohmann::ordered_json metrics_to_json(const RunMetrics& m) {
   j["input_throughput"] = m.input_throughput;
   j["output_throughput"] = m.output_throughput;
   j["total_token_throughput"] = m.total_throughput;
+  if (m.sustained_window_s > 0) {
+    j["sustained_output_throughput"] = m.sustained_output_throughput;
+    j["sustained_window"] = m.sustained_window_s;
+  }
   if (m.has_slo) {
     j["request_goodput"] = m.goodput;
     j["good_requests"] = m.num_good;
@@ -71,6 +75,9 @@ void print_summary(std::FILE* out, const std::string& title, const RunMetrics& m
   std::fprintf(out, "%-40s %10.2f\n", "Input token throughput (tok/s):", m.input_throughput);
   std::fprintf(out, "%-40s %10.2f\n", "Output token throughput (tok/s):", m.output_throughput);
   std::fprintf(out, "%-40s %10.2f\n", "Total token throughput (tok/s):", m.total_throughput);
+  if (m.sustained_window_s > 0)
+    std::fprintf(out, "%-40s %10.2f  (%.2f s with every stream busy)\n", "Output tok/s, all streams busy:",
+                 m.sustained_output_throughput, m.sustained_window_s);
   std::fprintf(out, "%-14s %9s %9s %9s %9s %9s %9s\n", "(ms)", "mean", "p50", "p90", "p95", "p99", "max");
   auto row = [&](const char* name, const Distribution& d) {
     std::fprintf(out, "%-14s %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f\n", name, d.mean * 1e3, d.p50 * 1e3, d.p90 * 1e3,

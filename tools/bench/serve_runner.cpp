@@ -352,7 +352,8 @@ int run_bench_serve(const ServeOptions& o, std::shared_ptr<const TextProcessor> 
       rr.max_concurrency = conc;
       const std::string label = run_label(rr);
       rr.records = run_conversations(**client, o, *convs, *at, conc, label);
-      rr.metrics = compute_metrics(rr.records, *slo);
+      // Closed loop (no arrival rate, a stream count): the sustained rate too.
+      rr.metrics = compute_metrics(rr.records, *slo, rate > 0 ? 0 : conc);
       print_summary(stdout, "Serving benchmark: " + label, rr.metrics);
       for (const auto& r : rr.records)
         if (!r.ok()) {

@@ -77,6 +77,29 @@ TEST(Metrics, TtftTpotItlE2eOnATimeline) {
   EXPECT_FALSE(m.has_slo);
 }
 
+TEST(Metrics, SustainedThroughputCountsTokensWhileEveryStreamIsBusy) {
+  // Two streams. A and B start at 0; C is sent when A ends (1.0: the window
+  // opens), D when C ends, E (the last send, 3.0: the window closes) when B ends.
+  std::vector<RequestRecord> rs = {
+      ok_request(0.0, {0.5, 0.9}, 0.9, 2),
+      ok_request(0.0, {0.5, 1.5, 2.5}, 2.5, 6),  // 2 tokens per chunk
+      ok_request(1.0, {1.2, 1.8}, 1.9, 2),
+      ok_request(2.0, {2.2, 2.9, 3.5}, 3.5, 3),
+      ok_request(3.0, {3.2}, 3.2, 1),
+  };
+  const RunMetrics m = compute_metrics(rs, Slo{}, 2);
+  EXPECT_DOUBLE_EQ(m.sustained_window_s, 2.0);
+  // In [1, 3): B 1.5 and 2.5 (2 tokens each), C 1.2 and 1.8, D 2.2 and 2.9.
+  EXPECT_NEAR(m.sustained_output_throughput, 8.0 / 2.0, 1e-12);
+  EXPECT_NEAR(m.output_throughput, 14.0 / 3.5, 1e-12);  // the whole run, unchanged
+  // Open loop, or no request beyond the streams: no window.
+  EXPECT_EQ(compute_metrics(rs, Slo{}).sustained_window_s, 0.0);
+  EXPECT_EQ(compute_metrics(rs, Slo{}, 5).sustained_output_throughput, 0.0);
+  // A failed request's chunks do not count.
+  rs[1].error = ErrorKind::kTimeout;
+  EXPECT_NEAR(compute_metrics(rs, Slo{}, 2).sustained_output_throughput, 4.0 / 2.0, 1e-12);
+}
+
 TEST(Metrics, FailuresAreCountedByKindAndLeftOutOfLatencies) {
   std::vector<RequestRecord> rs = {ok_request(0.0, {0.1, 0.2}, 0.2, 2)};
   RequestRecord http;
