@@ -353,7 +353,7 @@ int run_bench_serve(const ServeOptions& o, std::shared_ptr<const TextProcessor> 
       const std::string label = run_label(rr);
       rr.records = run_conversations(**client, o, *convs, *at, conc, label);
       // Closed loop (no arrival rate, a stream count): the sustained rate too.
-      rr.metrics = compute_metrics(rr.records, *slo, rate > 0 ? 0 : conc);
+      rr.metrics = compute_metrics(rr.records, *slo, std::isfinite(rate) && rate > 0 ? 0 : conc);
       print_summary(stdout, "Serving benchmark: " + label, rr.metrics);
       for (const auto& r : rr.records)
         if (!r.ok()) {
