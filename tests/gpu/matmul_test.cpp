@@ -213,6 +213,23 @@ TEST_F(MatmulTest, DecodeChainQueuedEqualsSerialised) {
 // keeps the heuristic's choice. Every such plan must compute the same product: against a float64 reference on the
 // bf16 values, repeated calls bit for bit, and a graph replay equal to the
 // eager call of its shape.
+TEST_F(MatmulTest, TuningRowsAreOnePerBucket) {
+  // The engine warms each of these before serving: multiples of 8 from 16 to
+  // 512, of 64 to 2048, then powers of two; the last is max_rows itself.
+  std::vector<int64_t> want;
+  for (int64_t n = 16; n <= 512; n += 8) want.push_back(n);
+  for (int64_t n = 576; n <= 2048; n += 64) want.push_back(n);
+  want.push_back(4096);
+  want.push_back(8192);
+  EXPECT_EQ(gpu().matmul_tuning_rows(8192), want);
+  const std::vector<int64_t> r = gpu().matmul_tuning_rows(3000);
+  ASSERT_FALSE(r.empty());
+  EXPECT_EQ(r.back(), 3000);  // bucket 4096, cut at max_rows
+  EXPECT_EQ(r[r.size() - 2], 2048);
+  EXPECT_TRUE(gpu().matmul_tuning_rows(15).empty());  // below the tuning threshold
+  EXPECT_EQ(gpu().matmul_tuning_rows(20), (std::vector<int64_t>{16, 20}));
+}
+
 TEST_F(MatmulTest, Bf16AutotunedPlansMatchReference) {
   const int64_t m = 384, k = 512;
   const auto wf = random_floats(static_cast<size_t>(m * k), 7001);
