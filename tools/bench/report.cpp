@@ -111,7 +111,7 @@ std::string metrics_csv(const std::vector<std::string>& keys, const std::vector<
        "total_token_throughput,request_goodput,good_fraction";
   for (const char* m : {"ttft", "tpot", "itl", "e2el"})
     for (const char* q : {"mean", "p50", "p90", "p95", "p99", "max"}) s += std::string(",") + q + "_" + m + "_ms";
-  s += "\n";
+  s += ",sustained_output_throughput\n";
   for (size_t i = 0; i < runs.size(); ++i) {
     const auto& m = runs[i];
     for (size_t k = 0; k < keys.size(); ++k) s += (i < key_values.size() && k < key_values[i].size() ? key_values[i][k] : "") + ",";
@@ -121,7 +121,7 @@ std::string metrics_csv(const std::vector<std::string>& keys, const std::vector<
          (m.has_slo ? fmt(m.good_fraction) : "");
     for (const Distribution* d : {&m.ttft_s, &m.tpot_s, &m.itl_s, &m.e2e_s})
       for (double v : {d->mean, d->p50, d->p90, d->p95, d->p99, d->max}) s += "," + fmt(v * 1e3);
-    s += "\n";
+    s += "," + (m.sustained_window_s > 0 ? fmt(m.sustained_output_throughput) : std::string()) + "\n";
   }
   return s;
 }

@@ -47,6 +47,13 @@ TEST(Report, CsvOneRowPerRun) {
   }
   EXPECT_EQ(commas[0], commas[1]);
   EXPECT_EQ(commas[1], commas[2]);
+  // The last column: the all-streams-busy rate, empty without a window.
+  EXPECT_NE(csv.find(",sustained_output_throughput\n"), std::string::npos);
+  auto m2 = m;
+  m2.sustained_window_s = 2.0;
+  m2.sustained_output_throughput = 1234.25;
+  const std::string csv2 = metrics_csv({"k"}, {{"a"}}, {m2});
+  EXPECT_NE(csv2.find(",1234\n"), std::string::npos) << csv2;  // %.4g
 }
 
 TEST(Svg, CdfPointsAndChart) {
