@@ -35,6 +35,16 @@
 // variable lengths need nothing else; rows without keys get 0. Blocks are
 // issued longest-first (the last row tile of every sequence and KV head
 // before any shorter one), as in the mma.sync kernel.
+//
+// Code layout: both kernels (prefill_wgmma_kernel, variants 1 and 4, and
+// the warp-specialised prefill_wgmma_ws_kernel, variants 2 and 3) take
+// their prologue (wg_block: block -> tile and thread coordinates; load_q;
+// key_bounds / block_key_bound; KvPages: the page table) and the
+// arithmetic of their computing warpgroups (WgRows: S issue, mask and
+// online softmax, O rescale, P rounding, P V issue, final normalisation
+// and store) from the helpers below. What each kernel writes out itself is
+// where those inlined pieces go relative to its copies, barriers and
+// waits: that placement is what the variants differ in.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -113,145 +123,333 @@ __device__ __forceinline__ void pin_p(uint32_t (&pa)[8][4]) {
   }
 }
 
-// One S tile (keys kb .. kb + 127 of this thread's rows g and g + 8, hi:
-// their key bounds, hi_min the smaller) through the online softmax in the
-// log2 domain: masked where the tile runs past a row's end, m (scaled max)
-// and l (this thread's share of the row sums) updated, S overwritten with
-// P = exp2(S scale2 - m), alpha = the factor O must be scaled by.
-__device__ __forceinline__ void softmax_tile(float (&s)[64], float (&m)[2], float (&l)[2], float (&alpha)[2], int kb,
-                                             const int (&hi)[2], int hi_min, float scale2, int t4) {
-  if (kb + kN > hi_min) {
+// ---- Prologue of both kernels ----
+
+// A block's work tile and this thread's place in it.
+struct WgBlock {
+  unsigned char* smem;  // dynamic shared memory from its first 1024-byte boundary
+  uint32_t sbase;       // shared-space address of smem
+  PrefillRows rows;     // the kM rows of the tile
+  int seq, kvh;
+  int kv_len;  // keys of the sequence
+  int tid, warp, lane;
+  int g;   // accumulator row within an 8-row half
+  int t4;  // accumulator column pair
+};
+
+// Fills b for this block. Longest first: the linear block index runs over
+// the row tiles from the last one down, (sequence, KV head) fastest. False
+// when the tile holds no rows (uniform over the block: it returns at once).
+__device__ __forceinline__ bool wg_block(const PagedAttentionArgs& a, int tiles_per_seq, unsigned char* smem_raw,
+                                         WgBlock& b) {
+  const uint32_t raw_addr = smem_addr(smem_raw);
+  const uint32_t pad = ((raw_addr + 1023u) & ~1023u) - raw_addr;
+  b.smem = smem_raw + pad;
+  b.sbase = raw_addr + pad;
+  int tile;
+  prefill_block_longest_first(a, tiles_per_seq, static_cast<int>(blockIdx.x), b.seq, b.kvh, tile);
+  b.rows = prefill_rows(a, b.seq, tile, kM);
+  if (b.rows.row0 >= b.rows.total_rows) return false;
+  b.kv_len = a.kv_lens[b.seq];
+  b.tid = static_cast<int>(threadIdx.x);
+  b.warp = b.tid >> 5;
+  b.lane = b.tid & 31;
+  b.g = b.lane >> 2;
+  b.t4 = b.lane & 3;
+  return true;
+}
+
+// q -> the Q tile at smem + kOffQ (zeros past the sequence's rows) by the
+// kBlockThreads threads of the block: cp.async, not committed.
+template <class T, int kBlockThreads>
+__device__ __forceinline__ void load_q(const PagedAttentionArgs& a, const WgBlock& b) {
+  const T* q = static_cast<const T*>(a.q);
+  for (int i = b.tid; i < kM * kChunks; i += kBlockThreads) {
+    const int r = i / kChunks;
+    const int c = i - r * kChunks;
+    const T* src = prefill_q_chunk<T, kHd>(a, b.rows, b.kvh, r, c);
+    cp_async16(b.smem + kOffQ + swz(kM, r, c), src != nullptr ? src : q, src != nullptr ? 16 : 0);
+  }
+}
+
+// Key bounds hi of this thread's block rows wrow + g and wrow + g + 8
+// (row r sees keys [0, min(pos + 1, kv_len))): 0 for rows past the
+// sequence and for threads without rows (!has_rows: the copying warps).
+// The warp's largest goes to warp_hi[warp]; after a barrier,
+// block_key_bound gives the block's largest, hence its key tiles.
+__device__ __forceinline__ void key_bounds(const PagedAttentionArgs& a, const WgBlock& b, int wrow, bool has_rows,
+                                           int (&hi)[2], int* warp_hi) {
+  hi[0] = 0;
+  hi[1] = 0;
+  if (has_rows) {
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int col = kb + j * 8 + t4 * 2 + (e & 1);
-        if (col >= hi[e >> 1]) s[4 * j + e] = -INFINITY;
+    for (int h = 0; h < 2; ++h) {
+      const int grow = b.rows.row0 + wrow + b.g + 8 * h;
+      if (grow < b.rows.total_rows) {
+        hi[h] = max(0, min(a.positions[b.rows.q_begin + grow / b.rows.group] + 1, b.kv_len));
       }
     }
   }
-  // Four partial maxima and sums per row: shorter dependency chains.
-  float mx[2][4], ps[2][4];
+  int whi = max(hi[0], hi[1]);
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
+  for (int o = 16; o > 0; o >>= 1) whi = max(whi, __shfl_xor_sync(0xffffffffu, whi, o));
+  if (b.lane == 0) warp_hi[b.warp] = whi;
+}
+template <int kWarps>
+__device__ __forceinline__ int block_key_bound(const int* warp_hi) {
+  int tile_hi = 0;
 #pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      mx[h][q] = -INFINITY;
-      ps[h][q] = 0.0f;
+  for (int w = 0; w < kWarps; ++w) tile_hi = max(tile_hi, warp_hi[w]);
+  return tile_hi;
+}
+
+// The K and V pages of one sequence and KV head, through its page table
+// (global memory).
+template <class T>
+struct KvPages {
+  const PagedAttentionArgs& a;  // hk read at each use
+  const int32_t* pages;         // the sequence's page table
+  const T* k;                   // a.k_cache
+  const T* v;                   // a.v_cache
+  int bs;                       // block_size
+  bool bs_pow2;
+  int bs_shift;  // log2(bs) where bs_pow2
+  int kvh;
+
+  __device__ __forceinline__ KvPages(const PagedAttentionArgs& args, int seq, int kv_head)
+      : a(args),
+        pages(args.block_indices + args.block_indptr[seq]),
+        k(static_cast<const T*>(args.k_cache)),
+        v(static_cast<const T*>(args.v_cache)),
+        bs(args.block_size),
+        bs_pow2((bs & (bs - 1)) == 0),
+        bs_shift(__ffs(bs) - 1),
+        kvh(kv_head) {}
+
+  // Row of key kp (< kv_len) in the [slots x hk] rows of hd elements of the
+  // K and V pages (launch_prefill_attention_wgmma checks that the rows fit
+  // an int). The callers give -1 to keys past the block's range
+  // (zero-filled copies).
+  __device__ __forceinline__ int row(int kp) const {
+    const int page = bs_pow2 ? kp >> bs_shift : kp / bs;
+    return (pages[page] * bs + (kp - page * bs)) * a.hk + kvh;
+  }
+};
+
+// ---- The computing warpgroups of both kernels ----
+
+// The 64 rows of one computing warpgroup: S, O, P and the online-softmax
+// state, in registers for the whole key loop, and the arithmetic of a key
+// tile t as the pieces each kernel interleaves with its copies, barriers
+// and turns (the variants differ only in that placement):
+//   pin_all(); wgmma::fence(); issue_s(K_t); [t > 0: issue_pv(V_{t-1})];
+//   wait_s(); softmax(t kN); wait_rescale() (in both arms of a branch);
+//   pack_p();
+// and after the last tile pin_all(); wgmma::fence(); issue_pv(V_last);
+// wait_pv(); store().
+// o, s, pa, m and l are separate arrays of the kernel, bound here by
+// reference: as members of one aggregate they leave the registers and
+// spills as they are but change the kernels' machine code (instruction
+// order); as separate locals the kernels compile to the same code as with
+// the arithmetic written out in each.
+template <bool kF16>
+struct WgRows {
+  float (&o)[64];        // O[64 x 128], the m64n128 accumulator layout (wgmma::mma_ss)
+  float (&s)[64];        // S_t, then P_t = exp2(S_t scale2 - m) in fp32
+  uint32_t (&pa)[8][4];  // P rounded to T, the A operand of P V (k-step kk: keys 16 kk ..)
+  float (&m)[2];         // running max of rows g and g + 8 (log2 domain, scaled)
+  float (&l)[2];         // this thread's share of their row sums
+  float alpha[2];        // the factor O is scaled by after this tile's softmax
+  int hi[2];             // key bounds of rows g and g + 8
+  int hi_min;            // min(hi[0], hi[1])
+  float scale2;          // scale log2(e)
+  uint32_t q_addr;       // shared-space address of the warpgroup's first Q row
+
+  // Zeroes o, s, pa and l, sets m to -inf. row_hi: key bounds
+  // (key_bounds); rows64: which 64 rows of the Q tile at sbase + kOffQ.
+  __device__ __forceinline__ WgRows(float (&o_)[64], float (&s_)[64], uint32_t (&pa_)[8][4], float (&m_)[2],
+                                    float (&l_)[2], const int (&row_hi)[2], float scale, uint32_t sbase, int rows64)
+      : o(o_), s(s_), pa(pa_), m(m_), l(l_) {
+    hi[0] = row_hi[0];
+    hi[1] = row_hi[1];
+    hi_min = min(row_hi[0], row_hi[1]);
+#pragma unroll
+    for (int i = 0; i < 64; ++i) {
+      o[i] = 0.0f;
+      s[i] = 0.0f;
     }
-  }
 #pragma unroll
-  for (int i = 0; i < 64; ++i) mx[(i >> 1) & 1][(i >> 2) & 3] = fmaxf(mx[(i >> 1) & 1][(i >> 2) & 3], s[i]);
-  float mu[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float x = fmaxf(fmaxf(mx[h][0], mx[h][1]), fmaxf(mx[h][2], mx[h][3]));
-    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-    const float mn = fmaxf(m[h], x * scale2);  // scale2 > 0: max(s) * scale2 = max(s * scale2)
-    // A row with no key so far keeps max -inf: subtract 0 so p = exp2(-inf) = 0.
-    mu[h] = mn == -INFINITY ? 0.0f : mn;
-    alpha[h] = fast_exp2(m[h] - mu[h]);
-    m[h] = mn;
+    for (int kk = 0; kk < 8; ++kk) pa[kk][0] = pa[kk][1] = pa[kk][2] = pa[kk][3] = 0u;
+    m[0] = m[1] = -INFINITY;
+    l[0] = l[1] = 0.0f;
+    scale2 = scale * 1.4426950408889634f;  // log2(e)
+    q_addr = sbase + kOffQ + static_cast<uint32_t>(rows64) * 64u * 128u;
   }
-#pragma unroll
-  for (int i = 0; i < 64; ++i) {
-    const int h = (i >> 1) & 1;
-    s[i] = fast_exp2(fmaf(s[i], scale2, -mu[h]));
-    ps[h][(i >> 2) & 3] += s[i];
-  }
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    l[h] = l[h] * alpha[h] + ((ps[h][0] + ps[h][1]) + (ps[h][2] + ps[h][3]));
-    wgmma::pin(l[h]);
-  }
-  // The softmax above must run before the caller's wait for P V.
-  pin_array(s);
-}
 
-__device__ __forceinline__ void rescale_o(float (&o)[64], const float (&alpha)[2]) {
-#pragma unroll
-  for (int j = 0; j < 16; ++j) {
-    o[4 * j + 0] *= alpha[0];
-    o[4 * j + 1] *= alpha[0];
-    o[4 * j + 2] *= alpha[1];
-    o[4 * j + 3] *= alpha[1];
+  __device__ __forceinline__ void pin_all() {
+    pin_array(o);
+    pin_array(s);
+    pin_p(pa);
   }
-}
 
-// P (rounded to T) as the A operand of P V: k-step kk holds keys
-// 16 kk .. 16 kk + 15 (the S accumulator layout is the A-fragment layout).
-template <bool kF16>
-__device__ __forceinline__ void pack_p(uint32_t (&pa)[8][4], const float (&s)[64]) {
+  // S[64 x 128] = Q K^T with the K tile at k_addr, issued and committed.
+  __device__ __forceinline__ void issue_s(uint32_t k_addr) {
 #pragma unroll
-  for (int kk = 0; kk < 8; ++kk) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) pa[kk][e] = pack2<kF16>(s[8 * kk + 2 * e], s[8 * kk + 2 * e + 1]);
+    for (int kk = 0; kk < 8; ++kk) {
+      const uint32_t koff = static_cast<uint32_t>(kk & 3) * 32u;  // 16 elements along d within a panel
+      wgmma::mma_ss<kF16>(s, wgmma::sw128_desc(q_addr + static_cast<uint32_t>(kk >> 2) * kQPanel + koff, 16, 1024),
+                          wgmma::sw128_desc(k_addr + static_cast<uint32_t>(kk >> 2) * kKvPanel + koff, 16, 1024),
+                          kk > 0);
+    }
+    wgmma::commit();
   }
-}
 
-// S[64 x 128] = Q K^T of the warpgroup whose Q rows start at q_addr (a Q
-// tile of kM rows) and the K tile at k_addr, issued and committed.
-template <bool kF16>
-__device__ __forceinline__ void issue_s(float (&s)[64], uint32_t q_addr, uint32_t k_addr) {
+  // O[64 x 128] += P V with the V tile at v_addr, issued and committed.
+  __device__ __forceinline__ void issue_pv(uint32_t v_addr) {
 #pragma unroll
-  for (int kk = 0; kk < 8; ++kk) {
-    const uint32_t koff = static_cast<uint32_t>(kk & 3) * 32u;  // 16 elements along d within a panel
-    wgmma::mma_ss<kF16>(s, wgmma::sw128_desc(q_addr + static_cast<uint32_t>(kk >> 2) * kQPanel + koff, 16, 1024),
-                        wgmma::sw128_desc(k_addr + static_cast<uint32_t>(kk >> 2) * kKvPanel + koff, 16, 1024), kk > 0);
+    for (int kk = 0; kk < 8; ++kk) {
+      wgmma::mma_rs_tb<kF16>(o, pa[kk], wgmma::sw128_desc(v_addr + kk * 16 * 128, kKvPanel, 1024));
+    }
+    wgmma::commit();
   }
-  wgmma::commit();
-}
 
-// O[64 x 128] += P V with the V tile at v_addr, issued and committed.
-template <bool kF16>
-__device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&pa)[8][4], uint32_t v_addr) {
-#pragma unroll
-  for (int kk = 0; kk < 8; ++kk) {
-    wgmma::mma_rs_tb<kF16>(o, pa[kk], wgmma::sw128_desc(v_addr + kk * 16 * 128, kKvPanel, 1024));
+  // Waits for S_t: first (std::true_type at t == 0) no P V is in flight,
+  // else P_{t-1} V_{t-1} may still run.
+  template <class First>
+  __device__ __forceinline__ void wait_s(First) {
+    if constexpr (First::value) {
+      wgmma::wait<0>();
+    } else {
+      wgmma::wait<1>();
+    }
+    pin_array(s);
   }
-  wgmma::commit();
-}
 
-// out = O / l for the 16 rows of this warp (block rows wrow ..), staged
-// through those rows of the Q tile at smem_q (no other warp reads them, and
-// every wgmma reading them has completed) for 16-byte stores.
-template <bool kF16>
-__device__ __forceinline__ void store_rows(const PagedAttentionArgs& a, const float (&o)[64], const float (&l)[2],
-                                           unsigned char* smem_q, int wrow, int lane, const PrefillRows& rows,
-                                           int kvh) {
-  using T = std::conditional_t<kF16, __half, __nv_bfloat16>;
-  const int g = lane >> 2;
-  const int t4 = lane & 3;
-  float inv[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float sum = l[h];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    inv[h] = sum > 0.0f ? 1.0f / sum : 0.0f;
+  // Waits for every wgmma of this warpgroup (O and the P registers free).
+  __device__ __forceinline__ void wait_pv() {
+    wgmma::wait<0>();
+    pin_all();
   }
+
+  // S_t (keys kb .. kb + 127 of rows g and g + 8; t4: the accumulator
+  // column pair) through the online softmax in the log2 domain: masked
+  // where the tile runs past a row's end, m and l updated, S overwritten
+  // with P = exp2(S scale2 - m), alpha set.
+  __device__ __forceinline__ void softmax(int kb, int t4) {
+    if (kb + kN > hi_min) {
 #pragma unroll
-  for (int j = 0; j < 16; ++j) {
+      for (int j = 0; j < 16; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int col = kb + j * 8 + t4 * 2 + (e & 1);
+          if (col >= hi[e >> 1]) s[4 * j + e] = -INFINITY;
+        }
+      }
+    }
+    // Four partial maxima and sums per row: shorter dependency chains.
+    float mx[2][4], ps[2][4];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int r = wrow + g + 8 * h;
-      *reinterpret_cast<uint32_t*>(smem_q + swz(kM, r, j) + t4 * 4) =
-          pack2<kF16>(o[4 * j + 2 * h] * inv[h], o[4 * j + 2 * h + 1] * inv[h]);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        mx[h][q] = -INFINITY;
+        ps[h][q] = 0.0f;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 64; ++i) mx[(i >> 1) & 1][(i >> 2) & 3] = fmaxf(mx[(i >> 1) & 1][(i >> 2) & 3], s[i]);
+    float mu[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float x = fmaxf(fmaxf(mx[h][0], mx[h][1]), fmaxf(mx[h][2], mx[h][3]));
+      x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+      x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+      const float mn = fmaxf(m[h], x * scale2);  // scale2 > 0: max(s) * scale2 = max(s * scale2)
+      // A row with no key so far keeps max -inf: subtract 0 so p = exp2(-inf) = 0.
+      mu[h] = mn == -INFINITY ? 0.0f : mn;
+      alpha[h] = fast_exp2(m[h] - mu[h]);
+      m[h] = mn;
+    }
+#pragma unroll
+    for (int i = 0; i < 64; ++i) {
+      const int h = (i >> 1) & 1;
+      s[i] = fast_exp2(fmaf(s[i], scale2, -mu[h]));
+      ps[h][(i >> 2) & 3] += s[i];
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      l[h] = l[h] * alpha[h] + ((ps[h][0] + ps[h][1]) + (ps[h][2] + ps[h][3]));
+      wgmma::pin(l[h]);
+    }
+    // The softmax above must run before the caller's wait for P V.
+    pin_array(s);
+  }
+
+  // Waits for P_{t-1} V_{t-1} (O and the P registers free), then rescales
+  // O by alpha (1 for rows whose max did not grow). The kernels call it in
+  // both arms of a warpgroup-uniform branch (wgmma.wait_group must be
+  // executed alike by the whole warpgroup) so that ptxas cannot schedule
+  // the wait above the softmax (it hoists the wait within its basic block
+  // otherwise, which serialises the softmax after P V); the rescale stays
+  // in the wait's basic block (after a join, or behind a branch of its
+  // own, ptxas serialises every wgmma).
+  __device__ __forceinline__ void wait_rescale() {
+    wait_pv();
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      o[4 * j + 0] *= alpha[0];
+      o[4 * j + 1] *= alpha[0];
+      o[4 * j + 2] *= alpha[1];
+      o[4 * j + 3] *= alpha[1];
     }
   }
-  __syncwarp();
-  T* out = static_cast<T*>(a.out);
+
+  // P_t rounded to T into pa (the S accumulator layout is the A-fragment
+  // layout of P).
+  __device__ __forceinline__ void pack_p() {
 #pragma unroll
-  for (int n = 0; n < 16 * kChunks / 32; ++n) {
-    const int i = lane + 32 * n;
-    const int r = i / kChunks;
-    const int c = i - r * kChunks;
-    const int64_t off = prefill_row_offset<kHd>(a, rows, kvh, wrow + r);
-    if (off < 0) continue;
-    *reinterpret_cast<uint4*>(out + off + c * 8) = *reinterpret_cast<const uint4*>(smem_q + swz(kM, wrow + r, c));
+    for (int kk = 0; kk < 8; ++kk) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) pa[kk][e] = pack2<kF16>(s[8 * kk + 2 * e], s[8 * kk + 2 * e + 1]);
+    }
   }
-}
+
+  // out = O / l for the 16 rows of this warp (block rows wrow ..), staged
+  // through those rows of the Q tile (no other warp reads them, and every
+  // wgmma reading them has completed) for 16-byte stores.
+  __device__ __forceinline__ void store(const PagedAttentionArgs& a, const WgBlock& b, int wrow) const {
+    using T = std::conditional_t<kF16, __half, __nv_bfloat16>;
+    unsigned char* smem_q = b.smem + kOffQ;
+    float inv[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float sum = l[h];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      inv[h] = sum > 0.0f ? 1.0f / sum : 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = wrow + b.g + 8 * h;
+        *reinterpret_cast<uint32_t*>(smem_q + swz(kM, r, j) + b.t4 * 4) =
+            pack2<kF16>(o[4 * j + 2 * h] * inv[h], o[4 * j + 2 * h + 1] * inv[h]);
+      }
+    }
+    __syncwarp();
+    T* out = static_cast<T*>(a.out);
+#pragma unroll
+    for (int n = 0; n < 16 * kChunks / 32; ++n) {
+      const int i = b.lane + 32 * n;
+      const int r = i / kChunks;
+      const int c = i - r * kChunks;
+      const int64_t off = prefill_row_offset<kHd>(a, b.rows, b.kvh, wrow + r);
+      if (off < 0) continue;
+      *reinterpret_cast<uint4*>(out + off + c * 8) = *reinterpret_cast<const uint4*>(smem_q + swz(kM, wrow + r, c));
+    }
+  }
+};
 #endif  // OSP_WGMMA_DEVICE
 
 // kPvLate: P_{t-1} V_{t-1} issued after the copies of tile t (variant 4),
@@ -261,73 +459,29 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_wgmma_kernel(PagedAttenti
 #if OSP_WGMMA_DEVICE
   using T = std::conditional_t<kF16, __half, __nv_bfloat16>;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  const uint32_t raw_addr = smem_addr(smem_raw);
-  const uint32_t pad = ((raw_addr + 1023u) & ~1023u) - raw_addr;
-  unsigned char* smem = smem_raw + pad;
-  const uint32_t sbase = raw_addr + pad;  // shared-space address of smem
-  int* sSlot = reinterpret_cast<int*>(smem + kOffSlot);
-  int* sHi = reinterpret_cast<int*>(smem + kOffHi);
+  WgBlock b;
+  if (!wg_block(a, tiles_per_seq, smem_raw, b)) return;
+  int* sSlot = reinterpret_cast<int*>(b.smem + kOffSlot);
+  int* sHi = reinterpret_cast<int*>(b.smem + kOffHi);
+  const int tid = b.tid;
+  const int wg = b.tid >> 7;     // warpgroup: rows 64 wg ..
+  const int wrow = 16 * b.warp;  // first row of this warp within the block
 
-  // Longest first: the linear block index runs over the row tiles from the
-  // last one down, (sequence, KV head) fastest.
-  int seq, kvh, tile;
-  prefill_block_longest_first(a, tiles_per_seq, static_cast<int>(blockIdx.x), seq, kvh, tile);
-  const PrefillRows rows = prefill_rows(a, seq, tile, kM);
-  const auto [group, q_begin, total_rows, row0] = rows;
-  if (row0 >= total_rows) return;  // uniform over the block
-  const int kv_len = a.kv_lens[seq];
-  const int tid = static_cast<int>(threadIdx.x);
-  const int warp = tid >> 5;
-  const int lane = tid & 31;
-  const int wg = warp >> 2;    // warpgroup: rows 64 wg ..
-  const int g = lane >> 2;     // accumulator row within an 8-row half
-  const int t4 = lane & 3;     // accumulator column pair
-  const int wrow = 16 * warp;  // first row of this warp within the block
-
-  // q -> sQ (zeros past the sequence's rows); completes with K_0's group.
-  const T* q = static_cast<const T*>(a.q);
-  for (int i = tid; i < kM * kChunks; i += kThreads) {
-    const int r = i / kChunks;
-    const int c = i - r * kChunks;
-    const T* src = prefill_q_chunk<T, kHd>(a, rows, kvh, r, c);
-    cp_async16(smem + kOffQ + swz(kM, r, c), src != nullptr ? src : q, src != nullptr ? 16 : 0);
-  }
-
-  // Key bound of this thread's two rows (wrow + g, wrow + g + 8): 0 for
-  // rows past the sequence; the block's largest bound gives its tiles.
+  // q -> sQ; completes with K_0's group.
+  load_q<T, kThreads>(a, b);
   int hi[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int grow = row0 + wrow + g + 8 * h;
-    hi[h] = 0;
-    if (grow < total_rows) hi[h] = max(0, min(a.positions[q_begin + grow / group] + 1, kv_len));
-  }
-  int whi = max(hi[0], hi[1]);
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) whi = max(whi, __shfl_xor_sync(0xffffffffu, whi, o));
-  if (lane == 0) sHi[warp] = whi;
-  const int hi_min = min(hi[0], hi[1]);
+  key_bounds(a, b, wrow, true, hi, sHi);
 
-  const int32_t* pages = a.block_indices + a.block_indptr[seq];
-  const T* kc = static_cast<const T*>(a.k_cache);
-  const T* vc = static_cast<const T*>(a.v_cache);
-  const int bs = a.block_size;
-  const bool bs_pow2 = (bs & (bs - 1)) == 0;
-  const int bs_shift = __ffs(bs) - 1;
+  const KvPages<T> kv(a, b.seq, b.kvh);
   __syncthreads();  // sHi
-  int tile_hi = 0;
-#pragma unroll
-  for (int w = 0; w < kThreads / 32; ++w) tile_hi = max(tile_hi, sHi[w]);
+  const int tile_hi = block_key_bound<kThreads / 32>(sHi);
   const int nt = (tile_hi + kN - 1) / kN;  // key tiles of this block
-
-  // Row of key kp in the [slots x hk] rows of hd elements of the K and V
-  // pages (-1 from tile_hi on): the page table, from global memory.
-  // (launch_prefill_attention_wgmma checks that the rows fit an int.)
+  // K/V row of key kp, -1 from tile_hi on (zero-filled).
   auto slot_of = [&](int kp) {
     if (kp >= tile_hi) return -1;
-    const int page = bs_pow2 ? kp >> bs_shift : kp / bs;
-    return (pages[page] * bs + (kp - page * bs)) * a.hk + kvh;
+    return kv.row(kp);
   };
+
   // This thread's copies of a K or V tile: chunk tid % 16 of keys
   // tid / 16 + 16 n (so the swizzle term (c ^ key) % 8 is fixed per thread).
   const int cp_c = tid & (kChunks - 1);
@@ -340,7 +494,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_wgmma_kernel(PagedAttenti
       const int j = cp_j + n * (kThreads / kChunks);
       const int row = slots[j];
       const T* src = row >= 0 ? cache + static_cast<int64_t>(row) * kHd + cp_c * 8 : cache;
-      cp_async16(smem + dst_off + cp_dst + n * (kThreads / kChunks) * 128, src, row >= 0 ? 16 : 0);
+      cp_async16(b.smem + dst_off + cp_dst + n * (kThreads / kChunks) * 128, src, row >= 0 ? 16 : 0);
     }
   };
 
@@ -350,32 +504,18 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_wgmma_kernel(PagedAttenti
       sSlot[kN + tid] = slot_of(kN + tid);
     }
     __syncthreads();
-    load_tile(kOffK, 0, kc);
+    load_tile(kOffK, 0, kv.k);
   }
   cp_async_commit();  // Q (+ K_0)
 
-  float o[64];
+  float o[64];  // this warpgroup's rows (WgRows)
   float s[64];
   uint32_t pa[8][4];
-#pragma unroll
-  for (int i = 0; i < 64; ++i) {
-    o[i] = 0.0f;
-    s[i] = 0.0f;
-  }
-#pragma unroll
-  for (int kk = 0; kk < 8; ++kk) pa[kk][0] = pa[kk][1] = pa[kk][2] = pa[kk][3] = 0u;
-  float m[2] = {-INFINITY, -INFINITY};  // running max (log2 domain, scaled)
-  float l[2] = {0.0f, 0.0f};            // this thread's share of the row sums
-  constexpr float kLog2e = 1.4426950408889634f;
-  const float scale2 = a.scale * kLog2e;
-  const uint32_t q_addr = sbase + kOffQ + static_cast<uint32_t>(wg) * 64u * 128u;
-  auto pin_all = [&] {
-    pin_array(o);
-    pin_array(s);
-    pin_p(pa);
-  };
+  float m[2], l[2];
+  WgRows<kF16> w(o, s, pa, m, l, hi, a.scale, b.sbase, wg);
+  auto v_addr = [&](int t) { return b.sbase + kOffV + static_cast<uint32_t>(t & 1) * kKvTile; };
 
-  // One key tile; kFirst (t == 0): no P V to issue yet. (Peeled rather than
+  // One key tile; first (t == 0): no P V to issue yet. (Peeled rather than
   // branched on t: ptxas serialises every wgmma when the issue of P V is
   // conditional.)
   auto step = [&](const int t, auto first) {
@@ -391,49 +531,28 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_wgmma_kernel(PagedAttenti
     // S = Q K_t^T, then O += P_{t-1} V_{t-1}, both in flight while this
     // thread issues the copies of K_{t+1} and V_t below (kPvLate: P V after
     // the copies, by when the other warpgroup has usually issued its S too).
-    pin_all();
+    w.pin_all();
     wgmma::fence();
-    issue_s<kF16>(s, q_addr, sbase + kOffK + static_cast<uint32_t>(t & 1) * kKvTile);
-    if constexpr (!kFirst && !kPvLate) {
-      issue_pv<kF16>(o, pa, sbase + kOffV + static_cast<uint32_t>((t - 1) & 1) * kKvTile);
-    }
-    if (t + 1 < nt) load_tile(kOffK + static_cast<uint32_t>((t + 1) & 1) * kKvTile, (t + 1) % 3, kc);
-    load_tile(kOffV + static_cast<uint32_t>(t & 1) * kKvTile, t % 3, vc);
+    w.issue_s(b.sbase + kOffK + static_cast<uint32_t>(t & 1) * kKvTile);
+    if constexpr (!kFirst && !kPvLate) w.issue_pv(v_addr(t - 1));
+    if (t + 1 < nt) load_tile(kOffK + static_cast<uint32_t>((t + 1) & 1) * kKvTile, (t + 1) % 3, kv.k);
+    load_tile(kOffV + static_cast<uint32_t>(t & 1) * kKvTile, t % 3, kv.v);
     cp_async_commit();
-    if constexpr (!kFirst && kPvLate) {
-      issue_pv<kF16>(o, pa, sbase + kOffV + static_cast<uint32_t>((t - 1) & 1) * kKvTile);
-    }
+    if constexpr (!kFirst && kPvLate) w.issue_pv(v_addr(t - 1));
     // Page-table entries of tile t + 2, stored into the ring slot of tile
     // t - 1 (last read in iteration t - 1) after this tile's softmax.
     int next_slot = -1;
     if (tid < kN && t + 2 < nt) next_slot = slot_of(kb + 2 * kN + tid);
-    if constexpr (kFirst) {
-      wgmma::wait<0>();
-    } else {
-      wgmma::wait<1>();
-    }
-    pin_array(s);
-    float alpha[2];
-    softmax_tile(s, m, l, alpha, kb, hi, hi_min, scale2, t4);
-    // Wait for P_{t-1} V_{t-1} (O and the P registers free), then rescale
-    // O (alpha == 1 for rows whose max did not grow). The wait sits in both
-    // arms of a block-uniform branch (wgmma.wait_group must be executed
-    // alike by the whole warpgroup) so that ptxas cannot schedule it above
-    // the softmax (it hoists the wait within its basic block otherwise,
-    // which serialises the softmax after P V); the rescale stays in the
-    // wait's basic block (after a join, or behind a branch of its own,
-    // ptxas serialises every wgmma).
+    w.wait_s(first);
+    w.softmax(kb, b.t4);
+    // Both arms wait (WgRows::wait_rescale).
     if (t + 2 < nt) {
-      wgmma::wait<0>();
-      pin_all();
-      rescale_o(o, alpha);
+      w.wait_rescale();
       if (tid < kN) sSlot[((t + 2) % 3) * kN + tid] = next_slot;
     } else {
-      wgmma::wait<0>();
-      pin_all();
-      rescale_o(o, alpha);
+      w.wait_rescale();
     }
-    pack_p<kF16>(pa, s);
+    w.pack_p();
   };
   if (nt > 0) step(0, std::true_type{});
   for (int t = 1; t < nt; ++t) step(t, std::false_type{});
@@ -443,16 +562,15 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_wgmma_kernel(PagedAttenti
     cp_async_wait<0>();
     wgmma::fence_proxy_async_shared();
     __syncthreads();
-    pin_all();
+    w.pin_all();
     wgmma::fence();
-    issue_pv<kF16>(o, pa, sbase + kOffV + static_cast<uint32_t>((nt - 1) & 1) * kKvTile);
-    wgmma::wait<0>();
-    pin_all();
+    w.issue_pv(v_addr(nt - 1));
+    w.wait_pv();
   } else {
     cp_async_wait<0>();  // the Q copies, before the staging below overwrites sQ
     __syncthreads();
   }
-  store_rows<kF16>(a, o, l, smem + kOffQ, wrow, lane, rows, kvh);
+  w.store(a, b, wrow);
 #else
   (void)a;
   (void)tiles_per_seq;
@@ -495,50 +613,20 @@ __global__ void __launch_bounds__(kWsThreads, 1) prefill_wgmma_ws_kernel(PagedAt
 #if OSP_WGMMA_DEVICE
   using T = std::conditional_t<kF16, __half, __nv_bfloat16>;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  const uint32_t raw_addr = smem_addr(smem_raw);
-  const uint32_t pad = ((raw_addr + 1023u) & ~1023u) - raw_addr;
-  unsigned char* smem = smem_raw + pad;
-  const uint32_t sbase = raw_addr + pad;
-  int* sHi = reinterpret_cast<int*>(smem + kWsOffHi);
-  const uint32_t full_bar = sbase + kWsOffBar;                  // + 8 s: slot s filled
-  const uint32_t empty_bar = sbase + kWsOffBar + kWsSlots * 8;  // + 8 s: slot s read
+  WgBlock b;
+  if (!wg_block(a, tiles_per_seq, smem_raw, b)) return;
+  int* sHi = reinterpret_cast<int*>(b.smem + kWsOffHi);
+  const uint32_t full_bar = b.sbase + kWsOffBar;                  // + 8 s: slot s filled
+  const uint32_t empty_bar = b.sbase + kWsOffBar + kWsSlots * 8;  // + 8 s: slot s read
+  const int tid = b.tid;
+  const int wg = b.warp >> 2;          // 0: copies; 1, 2: rows 64 (wg - 1) ..
+  const int wrow = 16 * (b.warp - 4);  // first block row of a computing warp
 
-  int seq, kvh, tile;
-  prefill_block_longest_first(a, tiles_per_seq, static_cast<int>(blockIdx.x), seq, kvh, tile);
-  const PrefillRows rows = prefill_rows(a, seq, tile, kM);
-  const auto [group, q_begin, total_rows, row0] = rows;
-  if (row0 >= total_rows) return;  // uniform over the block
-  const int kv_len = a.kv_lens[seq];
-  const int tid = static_cast<int>(threadIdx.x);
-  const int warp = tid >> 5;
-  const int lane = tid & 31;
-  const int wg = warp >> 2;  // 0: copies; 1, 2: rows 64 (wg - 1) ..
-  const int g = lane >> 2;
-  const int t4 = lane & 3;
-  const int wrow = 16 * (warp - 4);  // first block row of a computing warp
-
-  // q -> sQ by all threads (zeros past the sequence's rows).
-  const T* q = static_cast<const T*>(a.q);
-  for (int i = tid; i < kM * kChunks; i += kWsThreads) {
-    const int r = i / kChunks;
-    const int c = i - r * kChunks;
-    const T* src = prefill_q_chunk<T, kHd>(a, rows, kvh, r, c);
-    cp_async16(smem + kOffQ + swz(kM, r, c), src != nullptr ? src : q, src != nullptr ? 16 : 0);
-  }
+  // q -> sQ by all threads.
+  load_q<T, kWsThreads>(a, b);
   cp_async_commit();
-
-  int hi[2] = {0, 0};  // key bounds of a computing thread's rows wrow + g (+ 8)
-  if (wg > 0) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int grow = row0 + wrow + g + 8 * h;
-      if (grow < total_rows) hi[h] = max(0, min(a.positions[q_begin + grow / group] + 1, kv_len));
-    }
-  }
-  int whi = max(hi[0], hi[1]);
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) whi = max(whi, __shfl_xor_sync(0xffffffffu, whi, o));
-  if (lane == 0) sHi[warp] = whi;
+  int hi[2];
+  key_bounds(a, b, wrow, wg > 0, hi, sHi);
   if (tid == 0) {
     for (int st = 0; st < kWsSlots; ++st) {
       wgmma::mbar_init(full_bar + 8 * st, 128);  // one arrival per copying thread
@@ -549,9 +637,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) prefill_wgmma_ws_kernel(PagedAt
   cp_async_wait<0>();
   wgmma::fence_proxy_async_shared();
   __syncthreads();  // sQ, sHi, barriers
-  int tile_hi = 0;
-#pragma unroll
-  for (int w = 0; w < kWsThreads / 32; ++w) tile_hi = max(tile_hi, sHi[w]);
+  const int tile_hi = block_key_bound<kWsThreads / 32>(sHi);
   const int nt = (tile_hi + kN - 1) / kN;
 
   // Item i (0 .. 2 nt - 1) lives in slot i % kWsSlots; its n-th use of that
@@ -568,17 +654,12 @@ __global__ void __launch_bounds__(kWsThreads, 1) prefill_wgmma_ws_kernel(PagedAt
     // computing threads order those writes before their wgmma reads with
     // fence.proxy.async after the wait.
     wgmma::regs_dec<kWsCopyRegs>();
-    const int32_t* pages = a.block_indices + a.block_indptr[seq];
-    const T* kc = static_cast<const T*>(a.k_cache);
-    const T* vc = static_cast<const T*>(a.v_cache);
-    const int bs = a.block_size;
-    const bool bs_pow2 = (bs & (bs - 1)) == 0;
-    const int bs_shift = __ffs(bs) - 1;
+    const KvPages<T> kv(a, b.seq, b.kvh);
     const int c = tid & 15;
     const int j0 = tid >> 4;  // 0..7: (key % 8) is j0 for every key of this thread
     const uint32_t dst0 = swz(kN, j0, c);
     const int items = 2 * nt;
-    int rows[kN / 8];  // K/V row (slot * hk + kv head) of this thread's keys of the tile, -1 past tile_hi
+    int rows[kN / 8];  // K/V row of this thread's keys of the tile (KvPages::row)
     for (int i = 0; i < items; ++i) {
       const int st = i % kWsSlots;
       if (i >= kWsSlots) wgmma::mbar_wait(empty_bar + 8 * st, static_cast<uint32_t>((i / kWsSlots) - 1) & 1u);
@@ -588,14 +669,11 @@ __global__ void __launch_bounds__(kWsThreads, 1) prefill_wgmma_ws_kernel(PagedAt
         for (int n = 0; n < kN / 8; ++n) {
           const int kp = kb + j0 + 8 * n;
           rows[n] = -1;
-          if (kp < tile_hi) {
-            const int page = bs_pow2 ? kp >> bs_shift : kp / bs;
-            rows[n] = (pages[page] * bs + (kp - page * bs)) * a.hk + kvh;
-          }
+          if (kp < tile_hi) rows[n] = kv.row(kp);
         }
       }
-      const T* cache = (i & 1) ? vc : kc;
-      unsigned char* dst = smem + kWsOffSlot + st * kKvTile + dst0;
+      const T* cache = (i & 1) ? kv.v : kv.k;
+      unsigned char* dst = b.smem + kWsOffSlot + st * kKvTile + dst0;
 #pragma unroll
       for (int n = 0; n < kN / 8; ++n) {
         const int64_t off = rows[n] >= 0 ? static_cast<int64_t>(rows[n]) * kHd + c * 8 : 0;
@@ -607,27 +685,11 @@ __global__ void __launch_bounds__(kWsThreads, 1) prefill_wgmma_ws_kernel(PagedAt
     cp_async_wait<0>();
   } else {
     wgmma::regs_inc<kWsComputeRegs>();
-    const int hi_min = min(hi[0], hi[1]);
-    float o[64];
+    float o[64];  // this warpgroup's rows (WgRows)
     float s[64];
     uint32_t pa[8][4];
-#pragma unroll
-    for (int i = 0; i < 64; ++i) {
-      o[i] = 0.0f;
-      s[i] = 0.0f;
-    }
-#pragma unroll
-    for (int kk = 0; kk < 8; ++kk) pa[kk][0] = pa[kk][1] = pa[kk][2] = pa[kk][3] = 0u;
-    float m[2] = {-INFINITY, -INFINITY};
-    float l[2] = {0.0f, 0.0f};
-    constexpr float kLog2e = 1.4426950408889634f;
-    const float scale2 = a.scale * kLog2e;
-    const uint32_t q_addr = sbase + kOffQ + static_cast<uint32_t>(wg - 1) * 64u * 128u;
-    auto pin_all = [&] {
-      pin_array(o);
-      pin_array(s);
-      pin_p(pa);
-    };
+    float m[2], l[2];
+    WgRows<kF16> w(o, s, pa, m, l, hi, a.scale, b.sbase, wg - 1);
     // Turns (kPingpong): warpgroup cw waits on barrier 1 + cw before issuing
     // and then releases the other's; warpgroup 1 opens warpgroup 0's first
     // turn and skips its own last release, so every barrier sees as many
@@ -640,7 +702,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) prefill_wgmma_ws_kernel(PagedAt
       if constexpr (kPingpong) asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - cw) : "memory");
     };
     if (nt > 0 && cw == 1) your_turn();
-    auto item_addr = [&](int i) { return sbase + kWsOffSlot + static_cast<uint32_t>(i % kWsSlots) * kKvTile; };
+    auto item_addr = [&](int i) { return b.sbase + kWsOffSlot + static_cast<uint32_t>(i % kWsSlots) * kKvTile; };
     // Waits for item i filled (the caller then orders the copies before its
     // wgmma reads: fence.proxy.async).
     auto wait_full = [&](int i) {
@@ -648,7 +710,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) prefill_wgmma_ws_kernel(PagedAt
     };
     // Hands item i back (its wgmma have completed: after the wait_group).
     auto release = [&](int i) {
-      if (lane == 0) wgmma::mbar_arrive(empty_bar + 8 * (i % kWsSlots));
+      if (b.lane == 0) wgmma::mbar_arrive(empty_bar + 8 * (i % kWsSlots));
     };
     // One key tile, as in prefill_wgmma_kernel's step, with the item ring
     // in place of the block barrier.
@@ -657,51 +719,39 @@ __global__ void __launch_bounds__(kWsThreads, 1) prefill_wgmma_ws_kernel(PagedAt
       wait_full(2 * t);
       if constexpr (!kFirst) wait_full(2 * t - 1);
       wgmma::fence_proxy_async_shared();
-      pin_all();
+      w.pin_all();
       my_turn();
       wgmma::fence();
-      issue_s<kF16>(s, q_addr, item_addr(2 * t));
-      if constexpr (kFirst) {
-        your_turn();
-        wgmma::wait<0>();
-      } else {
-        issue_pv<kF16>(o, pa, item_addr(2 * t - 1));
-        your_turn();
-        wgmma::wait<1>();
-      }
-      pin_array(s);
+      w.issue_s(item_addr(2 * t));
+      if constexpr (!kFirst) w.issue_pv(item_addr(2 * t - 1));
+      your_turn();
+      w.wait_s(first);
       release(2 * t);  // K_t read
-      float alpha[2];
-      softmax_tile(s, m, l, alpha, t * kN, hi, hi_min, scale2, t4);
-      // The wait for P_{t-1} V_{t-1} in both arms of a block-uniform branch
-      // (see prefill_wgmma_kernel); V_{t-1} is handed back where the copying
-      // warpgroup still needs its slot (item 2 t - 1 + kWsSlots < 2 nt).
+      w.softmax(t * kN, b.t4);
+      // Both arms wait (WgRows::wait_rescale); V_{t-1} is handed back
+      // where the copying warpgroup still needs its slot
+      // (item 2 t - 1 + kWsSlots < 2 nt).
       if (!kFirst && t + 2 < nt) {
-        wgmma::wait<0>();
-        pin_all();
-        rescale_o(o, alpha);
+        w.wait_rescale();
         release(2 * t - 1);
       } else {
-        wgmma::wait<0>();
-        pin_all();
-        rescale_o(o, alpha);
+        w.wait_rescale();
       }
-      pack_p<kF16>(pa, s);
+      w.pack_p();
     };
     if (nt > 0) step(0, std::true_type{});
     for (int t = 1; t < nt; ++t) step(t, std::false_type{});
     if (nt > 0) {
       wait_full(2 * nt - 1);
       wgmma::fence_proxy_async_shared();
-      pin_all();
+      w.pin_all();
       my_turn();
       wgmma::fence();
-      issue_pv<kF16>(o, pa, item_addr(2 * nt - 1));
+      w.issue_pv(item_addr(2 * nt - 1));
       if (cw == 0) your_turn();
-      wgmma::wait<0>();
-      pin_all();
+      w.wait_pv();
     }
-    store_rows<kF16>(a, o, l, smem + kOffQ, wrow, lane, rows, kvh);
+    w.store(a, b, wrow);
   }
 #else
   (void)a;
