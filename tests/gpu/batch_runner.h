@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <functional>
 #include <map>
+#include <string>
 #include <vector>
 
 #include "gpu_test_util.h"
@@ -108,6 +109,27 @@ class BatchRunner {
 
 inline int argmax(const std::vector<float>& v) {
   return static_cast<int>(std::max_element(v.begin(), v.end()) - v.begin());
+}
+
+// The same tests/fixtures model on two backends that differ in one fusion
+// (a: on, b: off): a 40-token and a 5-token prompt, then 4 decode steps of
+// both sequences fed b's greedy tokens; every step's logits within max_nmse
+// of b's. `tag` names the case in failures.
+inline void expect_fused_forward_matches(Model& a, Model& b, double max_nmse, const std::string& tag) {
+  BatchRunner ra(a, 2, 64, 48), rb(b, 2, 64, 48);
+  std::vector<int32_t> p0, p1;
+  for (int i = 0; i < 40; ++i) p0.push_back((i * 37 + 11) % 512);
+  for (int i = 0; i < 5; ++i) p1.push_back((i * 101 + 3) % 512);
+  std::vector<std::vector<int32_t>> feed = {p0, p1};
+  for (int step = 0; step < 5; ++step) {
+    const auto la = ra.step(feed), lb = rb.step(feed);
+    ASSERT_EQ(la.size(), lb.size());
+    for (size_t s = 0; s < la.size(); ++s) {
+      const ErrorStats e = error_stats(la[s].data(), lb[s].data(), la[s].size());
+      EXPECT_LE(e.nmse, max_nmse) << tag << " step " << step << " seq " << s << " (max rel " << e.max_rel << ")";
+    }
+    feed = {{argmax(lb[0])}, {argmax(lb[1])}};  // both runs continue with the same tokens
+  }
 }
 
 // A dummy Llama-3.2-1B loaded as `dtype` (tag names it in the log) against

@@ -296,21 +296,7 @@ TEST(MatmulAddModel, FusedResidualForwardMatchesUnfused) {
     auto m_on = Model::load(path, *be_on, o), m_off = Model::load(path, *be_off, o);
     ASSERT_TRUE(m_on.ok()) << m_on.status().to_string();
     ASSERT_TRUE(m_off.ok()) << m_off.status().to_string();
-    BatchRunner r_on(**m_on, 2, 64, 48), r_off(**m_off, 2, 64, 48);
-    std::vector<int32_t> p0, p1;
-    for (int i = 0; i < 40; ++i) p0.push_back((i * 37 + 11) % 512);
-    for (int i = 0; i < 5; ++i) p1.push_back((i * 101 + 3) % 512);
-    std::vector<std::vector<int32_t>> feed = {p0, p1};
-    const double max_nmse = bf16 ? 1e-3 : 5e-5;
-    for (int step = 0; step < 5; ++step) {
-      const auto a = r_on.step(feed), b = r_off.step(feed);
-      ASSERT_EQ(a.size(), b.size());
-      for (size_t s = 0; s < a.size(); ++s) {
-        const ErrorStats e = error_stats(a[s].data(), b[s].data(), a[s].size());
-        EXPECT_LE(e.nmse, max_nmse) << dtype << " step " << step << " seq " << s << " (max rel " << e.max_rel << ")";
-      }
-      feed = {{argmax(b[0])}, {argmax(b[1])}};  // both runs continue with the same tokens
-    }
+    expect_fused_forward_matches(**m_on, **m_off, bf16 ? 1e-3 : 5e-5, dtype);
   }
 }
 
