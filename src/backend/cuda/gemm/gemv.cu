@@ -335,6 +335,20 @@ void gemv_for_types(DType dtype, const void* w, int64_t row_bytes, int64_t m, in
                       gemv_typed<W>(w, row_bytes, m, k, xp, n, bias, op, accumulate, stream));
 }
 
+// Calls go(W tag, const XT* x) for the 16-bit weight dtype w_dtype and activation dtype act.
+template <class Go>
+void dispatch16(DType w_dtype, DType act, const void* x, Go&& go) {
+  using BfTag = std::integral_constant<DType, DType::kBF16>;
+  using HTag = std::integral_constant<DType, DType::kF16>;
+  if (act == DType::kBF16) {
+    const auto* xp = static_cast<const __nv_bfloat16*>(x);
+    w_dtype == DType::kBF16 ? go(BfTag{}, xp) : go(HTag{}, xp);
+  } else {
+    const auto* xp = static_cast<const __half*>(x);
+    w_dtype == DType::kBF16 ? go(BfTag{}, xp) : go(HTag{}, xp);
+  }
+}
+
 }  // namespace
 
 void launch_gemv(DType dtype, const void* w, int64_t row_bytes, int64_t m, int64_t k, DType x_dtype, const void* x,
@@ -366,21 +380,12 @@ bool launch_gemv_silu_mul(DType w_dtype, const void* w, int64_t row_bytes, int64
     return false;
   const dim3 grid(static_cast<unsigned>(ceil_div(f, kGluCols)));
   const auto* wp = static_cast<const char*>(w);
-  auto go = [&](auto wtag, auto* xp) {
+  dispatch16(w_dtype, act, x, [&](auto wtag, auto* xp) {
     using XT = std::remove_const_t<std::remove_pointer_t<decltype(xp)>>;
     constexpr DType W = decltype(wtag)::value;
     launch_pdl(gemv_silu_mul_kernel<W, XT>, grid, dim3(kWarps * 32), 0, stream, wp, row_bytes, f, k, xp,
                static_cast<XT*>(out));
-  };
-  using BfTag = std::integral_constant<DType, DType::kBF16>;
-  using HTag = std::integral_constant<DType, DType::kF16>;
-  if (act == DType::kBF16) {
-    const auto* xp = static_cast<const __nv_bfloat16*>(x);
-    w_dtype == DType::kBF16 ? go(BfTag{}, xp) : go(HTag{}, xp);
-  } else {
-    const auto* xp = static_cast<const __half*>(x);
-    w_dtype == DType::kBF16 ? go(BfTag{}, xp) : go(HTag{}, xp);
-  }
+  });
   return true;
 }
 
@@ -636,20 +641,6 @@ bool norm_fold_fits(DType w_dtype, const void* w, int64_t row_bytes, int64_t k, 
   const bool a16 = act == DType::kBF16 || act == DType::kF16;
   return w16 && a16 && k > 0 && k % 8 == 0 && row_bytes % 16 == 0 && aligned16(w) && aligned16(x) && g != nullptr &&
          aligned16(g);
-}
-
-// Calls go(W tag, const XT* x) for the 16-bit weight dtype w_dtype and activation dtype act.
-template <class Go>
-void dispatch16(DType w_dtype, DType act, const void* x, Go&& go) {
-  using BfTag = std::integral_constant<DType, DType::kBF16>;
-  using HTag = std::integral_constant<DType, DType::kF16>;
-  if (act == DType::kBF16) {
-    const auto* xp = static_cast<const __nv_bfloat16*>(x);
-    w_dtype == DType::kBF16 ? go(BfTag{}, xp) : go(HTag{}, xp);
-  } else {
-    const auto* xp = static_cast<const __half*>(x);
-    w_dtype == DType::kBF16 ? go(BfTag{}, xp) : go(HTag{}, xp);
-  }
 }
 
 // Largest dynamic shared memory a block of the staged kernels may take on
