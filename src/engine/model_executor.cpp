@@ -290,7 +290,7 @@ void ModelExecutor::warm_up_decode(KvCache& kv) {
     const int b = decode_graph_bucket(n, max_bucket);
     if (b == last) continue;
     last = b;
-    model_->forward(device_batch(b, b, 1, max_model_len_, b), kv);
+    model_->forward(decode_graph_batch(b), kv);  // the shape its graph will record
   }
   backend_->synchronize();
   decode_warm_rows_ = std::max(decode_warm_rows_, max_bucket);
