@@ -26,7 +26,10 @@ void trace_step(int64_t id, size_t seqs, int tokens, bool decode_only, int64_t d
   static std::FILE* f = nullptr;
   static std::mutex mu;
   std::call_once(once, [] {
-    if (const char* path = std::getenv("OSPREY_STEP_TRACE"); path && *path) f = std::fopen(path, "w");
+    const char* path = std::getenv("OSPREY_STEP_TRACE");
+    if (!path || !*path) return;
+    f = std::fopen(path, "w");
+    if (!f) std::fprintf(stderr, "OSPREY_STEP_TRACE: cannot open %s for writing; no step trace\n", path);
   });
   if (!f) return;
   const std::lock_guard<std::mutex> lock(mu);
