@@ -168,6 +168,42 @@ class Backend {
     return false;
   }
 
+  // ---- RMSNorm weights folded into the projections (norm_fold.cpp) ----
+  //
+  // rms_norm(x) @ w^T = diag(inv) (x @ (w diag(norm_w))^T) with inv_t =
+  // 1 / sqrt(mean(x[t, :]^2) + eps): the per-row scale commutes with the
+  // product. Where folds_norms(act) is true, the model multiplies each
+  // pre-projection norm weight into the projection that reads it once at
+  // load (scale_columns: w_qkv by the attention norm, w_gate_up by the MLP
+  // norm) and, at steps where fuses_rms_norm_matmul is false, runs that
+  // projection on the residual itself; the op that reads the product
+  // applies inv (rms_scaled_qkv_rope_kv_write, rms_scaled_silu_mul). No norm
+  // pass runs and no normed rows are written: two kernels fewer per layer.
+  // GEMV-size steps keep rms_norm_matmul* with a unit norm weight. The same
+  // function up to rounding (the weights and the raw product are rounded
+  // instead of the normed rows), so false keeps the exact sequence (the
+  // CPU backend). The model folds only 16-bit or F32 weights it owns.
+  virtual bool folds_norms(DType act) const {
+    (void)act;
+    return false;
+  }
+  // w[m, k] = w[m, k] * scale[k] rounded to w's dtype (F32, F16 or BF16), in
+  // place; scale [k] F32. This default: host memory (the CPU's "device").
+  virtual void scale_columns(Tensor& w, const Tensor& scale);
+  // qkv_rope_kv_write of qkv with each row t first multiplied by inv_t of
+  // x[t, :] (x_eps) and rounded to qkv's dtype, the values a projection of
+  // rms_norm(x) outputs up to rounding. x [n, d] of qkv's dtype; qkv is
+  // left unchanged. This default: host memory (scaled copy, then
+  // qkv_rope_kv_write).
+  virtual void rms_scaled_qkv_rope_kv_write(const Tensor& x, float x_eps, const Tensor& qkv, const Tensor& q_norm,
+                                            const Tensor& k_norm, float eps, const RopeTable& rope,
+                                            const AttentionBatch& batch, LayerKv& kv, Tensor& q_out);
+  // out[n, f] = silu(g) * u where g = gate_up[t, :f] and u = gate_up[t, f:]
+  // are each first multiplied by inv_t of x[t, :] (x_eps) and rounded to
+  // gate_up's dtype. x [n, d] of gate_up's dtype. This default: host memory
+  // (scaled copy, then silu_mul).
+  virtual void rms_scaled_silu_mul(const Tensor& x, float x_eps, const Tensor& gate_up, Tensor& out);
+
   // Writes k, v [n, hk, hd] into the layer's pages at batch.slot_mapping.
   virtual void kv_write(const Tensor& k, const Tensor& v, const AttentionBatch& batch, LayerKv& kv) = 0;
 

@@ -355,6 +355,21 @@ void ProfilingBackend::qkv_rope_kv_write(const Tensor& qkv, const Tensor& q_norm
         [&] { inner_->qkv_rope_kv_write(qkv, q_norm, k_norm, eps, rope, batch, kv, q_out); });
 }
 
+void ProfilingBackend::rms_scaled_qkv_rope_kv_write(const Tensor& x, float x_eps, const Tensor& qkv,
+                                                    const Tensor& q_norm, const Tensor& k_norm, float eps,
+                                                    const RopeTable& rope, const AttentionBatch& batch, LayerKv& kv,
+                                                    Tensor& q_out) {
+  const double written = static_cast<double>(qkv.rows()) * kv_bytes_per_position(kv);
+  timed("rms_scale+qkv_rope_kv_write", nbytes(x) + nbytes(qkv) + nbytes(q_out) + written, 0, [&] {
+    inner_->rms_scaled_qkv_rope_kv_write(x, x_eps, qkv, q_norm, k_norm, eps, rope, batch, kv, q_out);
+  });
+}
+
+void ProfilingBackend::rms_scaled_silu_mul(const Tensor& x, float x_eps, const Tensor& gate_up, Tensor& out) {
+  timed("rms_scale+silu_mul", nbytes(x) + nbytes(gate_up) + nbytes(out), 0,
+        [&] { inner_->rms_scaled_silu_mul(x, x_eps, gate_up, out); });
+}
+
 void ProfilingBackend::copy_to_device_async(void* dst, const void* src, size_t bytes) {
   timed("copy to device", static_cast<double>(bytes), 0, [&] { inner_->copy_to_device_async(dst, src, bytes); });
 }

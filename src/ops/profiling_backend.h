@@ -9,7 +9,9 @@
 //          matmuls by weight shape and dtype: "matmul 6144x4096 bf16" (m x k);
 //          matmul_add (the residual add folded in) as "matmul+add 4096x4096 bf16",
 //          rms_norm_matmul as "rms_norm+matmul 6144x4096 bf16" and
-//          rms_norm_matmul_silu_mul as "rms_norm+matmul+silu_mul 28672x4096 bf16".
+//          rms_norm_matmul_silu_mul as "rms_norm+matmul+silu_mul 28672x4096 bf16";
+//          the norm-folding ops as "rms_scale+qkv_rope_kv_write" and
+//          "rms_scale+silu_mul".
 // Bytes are the minimum traffic of the op (each operand read once, each
 // output written once; matmul_add: the residual read and written; attention:
 // the KV positions each sequence reads, plus q and out); FLOPs count 2 per
@@ -127,6 +129,16 @@ class ProfilingBackend final : public Backend {
   void rms_norm_matmul_silu_mul(const Tensor& x, const Tensor& norm_w, float eps, const Tensor& w_gate_up,
                                 Tensor& normed, Tensor& gate_up, Tensor& out) override;
   bool fuses_rms_norm_matmul(int64_t n, DType act) const override { return inner_->fuses_rms_norm_matmul(n, act); }
+  // The inner backend's norm folding (the model folds exactly when it would
+  // unprofiled); scale_columns runs at load, untimed; the scaled ops are
+  // filed as "rms_scale+qkv_rope_kv_write" and "rms_scale+silu_mul" (bytes:
+  // their plain op's plus x once).
+  bool folds_norms(DType act) const override { return inner_->folds_norms(act); }
+  void scale_columns(Tensor& w, const Tensor& scale) override { inner_->scale_columns(w, scale); }
+  void rms_scaled_qkv_rope_kv_write(const Tensor& x, float x_eps, const Tensor& qkv, const Tensor& q_norm,
+                                    const Tensor& k_norm, float eps, const RopeTable& rope,
+                                    const AttentionBatch& batch, LayerKv& kv, Tensor& q_out) override;
+  void rms_scaled_silu_mul(const Tensor& x, float x_eps, const Tensor& gate_up, Tensor& out) override;
   void head_rms_norm(Tensor& x, const Tensor& w, float eps) override;
   void rope(Tensor& q, Tensor& k, const int32_t* positions, const RopeTable& table) override;
   void silu_mul(const Tensor& gate_up, Tensor& out) override;

@@ -63,6 +63,14 @@ class RecordingBackend final : public ops::Backend {
                          const ops::AttentionBatch&, ops::LayerKv&, Tensor&) override {
     hit("qkv_rope_kv_write");
   }
+  bool folds_norms(DType t) const override { return t == DType::kBF16; }
+  void scale_columns(Tensor&, const Tensor&) override { hit("scale_columns"); }
+  void rms_scaled_qkv_rope_kv_write(const Tensor&, float, const Tensor&, const Tensor&, const Tensor&, float,
+                                    const ops::RopeTable&, const ops::AttentionBatch&, ops::LayerKv&,
+                                    Tensor&) override {
+    hit("rms_scaled_qkv_rope_kv_write");
+  }
+  void rms_scaled_silu_mul(const Tensor&, float, const Tensor&, Tensor&) override { hit("rms_scaled_silu_mul"); }
   void* alloc_host(size_t) override {
     hit("alloc_host");
     return memory + 8;
@@ -129,6 +137,8 @@ void call_every_op(ops::Backend& b) {
   b.convert(t, t);
   b.fill_uniform(t, 1, 0.0f, 1.0f);
   b.qkv_rope_kv_write(t, Tensor(), Tensor(), 1e-5f, rt, ab, kv, q3);
+  b.rms_scaled_qkv_rope_kv_write(t, 1e-5f, t, Tensor(), Tensor(), 1e-5f, rt, ab, kv, q3);
+  b.rms_scaled_silu_mul(t, 1e-5f, t, t);
   b.copy_to_device_async(buf, buf, 4);
   b.copy_to_host_async(buf, buf, 4);
   b.copy_device_to_device(buf, buf, 4);
@@ -153,6 +163,8 @@ const char* const kOps[] = {"embedding",
                             "convert",
                             "fill_uniform",
                             "qkv_rope_kv_write",
+                            "rms_scaled_qkv_rope_kv_write",
+                            "rms_scaled_silu_mul",
                             "copy_to_device_async",
                             "copy_to_host_async",
                             "copy_device_to_device",
@@ -186,8 +198,12 @@ TEST(ProfilingBackend, ForwardsEveryVirtual) {
   const uint64_t a = p.timer_mark(), b = p.timer_mark();
   EXPECT_EQ(b, a + 1);
   EXPECT_DOUBLE_EQ(p.timer_elapsed_ms(a, b + 2), 3.0);
+  EXPECT_TRUE(p.folds_norms(DType::kBF16));
+  EXPECT_FALSE(p.folds_norms(DType::kF16));
+  Tensor none;
+  p.scale_columns(none, none);  // a load-time op: forwarded, never timed
   call_every_op(p);
-  for (const char* op : {"alloc", "free", "copy_to_device", "copy_to_host", "synchronize", "alloc_host", "free_host",
+  for (const char* op : {"alloc", "free", "scale_columns", "copy_to_device", "copy_to_host", "synchronize", "alloc_host", "free_host",
                          "memory_info", "begin_capture", "end_capture"})
     EXPECT_EQ(rec.calls[op], 1) << op;
   for (const char* op : kOps) EXPECT_EQ(rec.calls[op], 1) << op;
@@ -215,7 +231,8 @@ TEST(ProfilingBackend, TimesOpsOnlyInsideAStepAndOutsideCapture) {
   const std::vector<std::string> groups = {
       "embedding",    "rms_norm",          "add_rms_norm",   "add",          "matmul 2x4 F32",        "head_rms_norm",
       "rope",         "silu_mul",          "kv_write",       "attention",    "gather_rows",           "fill_rows_from",
-      "convert",      "fill_uniform", "qkv_rope_kv_write", "copy to device", "copy to host", "copy device to device", "sample"};
+      "convert",      "fill_uniform", "qkv_rope_kv_write", "rms_scale+qkv_rope_kv_write", "rms_scale+silu_mul",
+      "copy to device", "copy to host", "copy device to device", "sample"};
   ASSERT_EQ(s.groups.size(), groups.size());
   for (const std::string& g : groups) {
     const ProfileGroup* e = find(s, "decode", g);
