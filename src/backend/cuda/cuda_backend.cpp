@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "backend/cuda/host_util.h"
 #include "backend/cuda/kernels.h"
 #include "core/check.h"
 
@@ -343,9 +344,72 @@ void CudaBackend::fill_uniform(Tensor& t, uint64_t seed, float lo, float hi) {
   launch_fill_uniform(t.dtype(), t.data(), t.numel(), seed, lo, hi, stream_);
 }
 
+// ---- RMSNorm weights folded into the projections ----------------------------
+
+bool CudaBackend::folds_norms(DType act) const {
+  static const bool env_off = env_equals("OSPREY_FOLDED_NORM", "0");
+  return options_.folded_norm && !env_off && act == DType::kBF16;
+}
+
+void CudaBackend::scale_columns(Tensor& w, const Tensor& scale) {
+  OSP_CHECK_MSG(is_float_dtype(w.dtype()), "scale_columns: w must be F32, F16 or BF16, got " << dtype_name(w.dtype()));
+  OSP_CHECK_MSG(w.device() == Device::kCuda, "scale_columns w must be in CUDA device memory");
+  check_cuda_f32(scale, "scale_columns scale");
+  OSP_CHECK_EQ(scale.numel(), w.cols());
+  bind_device();
+  launch_scale_columns(w.dtype(), w.data(), w.numel(), w.cols(), scale.data_as<float>(), stream_);
+}
+
+namespace {
+// Rows above which the row factors of a folded norm are computed in a pass
+// of their own (launch_row_inv_rms, x read once) instead of by every block
+// that reads a product: at decode sizes the pass would add a kernel
+// boundary, at prefill sizes each reading block's reduction (x re-read per
+// block, the reduction ahead of its loads) costs more than the pass.
+constexpr int64_t kRowScalePassRows = 512;
+}  // namespace
+
+const float* CudaBackend::row_inv_rms_pass(const Tensor& x, float eps) {
+  if (x.rows() <= kRowScalePassRows) return nullptr;
+  auto* inv = static_cast<float*>(row_inv_.reserve(static_cast<size_t>(x.rows()) * sizeof(float), stream_));
+  launch_row_inv_rms(x.dtype(), x.data(), x.rows(), x.cols(), eps, inv, stream_);
+  return inv;
+}
+
+void CudaBackend::rms_scaled_qkv_rope_kv_write(const Tensor& x, float x_eps, const Tensor& qkv, const Tensor& q_norm,
+                                               const Tensor& k_norm, float eps, const ops::RopeTable& rope,
+                                               const ops::AttentionBatch& batch, ops::LayerKv& kv, Tensor& q_out) {
+  run_qkv_rope(&x, x_eps, qkv, q_norm, k_norm, eps, rope, batch, kv, q_out);
+}
+
+void CudaBackend::rms_scaled_silu_mul(const Tensor& x, float x_eps, const Tensor& gate_up, Tensor& out) {
+  check_cuda_act(x, "rms_scaled_silu_mul x");
+  check_cuda_act(gate_up, "rms_scaled_silu_mul gate_up");
+  check_cuda_act(out, "rms_scaled_silu_mul out");
+  check_same_dtype(x, gate_up, "rms_scaled_silu_mul");
+  check_same_dtype(gate_up, out, "rms_scaled_silu_mul");
+  OSP_CHECK_EQ(gate_up.cols(), 2 * out.cols());
+  OSP_CHECK_EQ(gate_up.rows(), out.rows());
+  OSP_CHECK_EQ(x.rows(), gate_up.rows());
+  OSP_CHECK_GT(x.cols(), 0);
+  bind_device();
+  if (const float* inv = row_inv_rms_pass(x, x_eps)) {
+    launch_silu_mul(out.dtype(), gate_up.data(), out.rows(), out.cols(), out.data(), stream_, inv);
+    return;
+  }
+  launch_rms_scaled_silu_mul(out.dtype(), x.data(), x.cols(), x_eps, gate_up.data(), out.rows(), out.cols(),
+                             out.data(), num_sms_, stream_);
+}
+
 void CudaBackend::qkv_rope_kv_write(const Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm, float eps,
                                     const ops::RopeTable& rope, const ops::AttentionBatch& batch, ops::LayerKv& kv,
                                     Tensor& q_out) {
+  run_qkv_rope(nullptr, 0.0f, qkv, q_norm, k_norm, eps, rope, batch, kv, q_out);
+}
+
+void CudaBackend::run_qkv_rope(const Tensor* rms_x, float rms_eps, const Tensor& qkv, const Tensor& q_norm,
+                               const Tensor& k_norm, float eps, const ops::RopeTable& rope,
+                               const ops::AttentionBatch& batch, ops::LayerKv& kv, Tensor& q_out) {
   check_cuda_act(qkv, "qkv_rope_kv_write qkv");
   check_cuda_act(q_out, "qkv_rope_kv_write q_out");
   check_same_dtype(qkv, q_out, "qkv_rope_kv_write");
@@ -367,6 +431,12 @@ void CudaBackend::qkv_rope_kv_write(const Tensor& qkv, const Tensor& q_norm, con
     check_cuda_f32(k_norm, "k_norm");
     OSP_CHECK_EQ(q_norm.numel(), hd);
     OSP_CHECK_EQ(k_norm.numel(), hd);
+  }
+  if (rms_x) {
+    check_cuda_act(*rms_x, "rms_scaled_qkv_rope_kv_write x");
+    check_same_dtype(*rms_x, qkv, "rms_scaled_qkv_rope_kv_write");
+    OSP_CHECK_EQ(rms_x->rows(), n);
+    OSP_CHECK_GT(rms_x->cols(), 0);
   }
   if (n == 0) return;
   bind_device();
@@ -390,6 +460,12 @@ void CudaBackend::qkv_rope_kv_write(const Tensor& qkv, const Tensor& q_norm, con
   a.k_cache = kv.k.data();
   a.v_cache = kv.v.data();
   a.num_slots = kv.k.dim(0) * kv.k.dim(1);
+  if (rms_x) {
+    a.rms_inv = row_inv_rms_pass(*rms_x, rms_eps);
+    a.rms_x = rms_x->data();
+    a.rms_d = rms_x->cols();
+    a.rms_eps = rms_eps;
+  }
   launch_qkv_rope_kv_write(a, stream_);
 }
 

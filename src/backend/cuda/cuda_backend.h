@@ -32,6 +32,14 @@ struct CudaBackendOptions {
   // the environment, keeps rms_norm + matmul (A/B runs and tests); the
   // rms_norm_matmul* ops then run the two ops too.
   bool fused_norm = true;
+  // BF16 activations: report folds_norms, so the model multiplies the
+  // attention and MLP norm weights into w_qkv / w_gate_up at load and, at
+  // steps above the GEMV row limit, runs those projections on the residual
+  // itself with the row scale applied by rms_scaled_qkv_rope_kv_write /
+  // rms_scaled_silu_mul (no norm kernels). False, or OSPREY_FOLDED_NORM=0 in
+  // the environment, keeps the norms (A/B runs and tests). F16 never folds:
+  // the raw product is rms(x) times the normed one and may overflow F16.
+  bool folded_norm = true;
 };
 
 // Number of CUDA devices the driver reports; 0 when there is no driver or GPU.

@@ -69,6 +69,18 @@ class CudaBackend final : public ops::Backend {
   // BF16/F16 activations at n <= the dense GEMV row limit, unless
   // CudaBackendOptions::fused_norm is off or OSPREY_FUSED_NORM=0 (read once).
   bool fuses_rms_norm_matmul(int64_t n, DType act) const override;
+  // BF16 activations only, unless CudaBackendOptions::folded_norm is off or
+  // OSPREY_FOLDED_NORM=0 (read once). The ops below take F32/F16/BF16.
+  bool folds_norms(DType act) const override;
+  // One kernel, stream-ordered (elementwise/elementwise.cu).
+  void scale_columns(Tensor& w, const Tensor& scale) override;
+  // qkv_rope_kv_write's kernels with the row scale (rope/qkv_rope.cu).
+  void rms_scaled_qkv_rope_kv_write(const Tensor& x, float x_eps, const Tensor& qkv, const Tensor& q_norm,
+                                    const Tensor& k_norm, float eps, const ops::RopeTable& rope,
+                                    const ops::AttentionBatch& batch, ops::LayerKv& kv, Tensor& q_out) override;
+  // One kernel (elementwise/elementwise.cu): each block reduces its row of
+  // x; above kRowScalePassRows rows a row-factor pass, then silu_mul.
+  void rms_scaled_silu_mul(const Tensor& x, float x_eps, const Tensor& gate_up, Tensor& out) override;
   void head_rms_norm(Tensor& x, const Tensor& w, float eps) override;
   void rope(Tensor& q, Tensor& k, const int32_t* positions, const ops::RopeTable& table) override;
   void silu_mul(const Tensor& gate_up, Tensor& out) override;
@@ -118,6 +130,15 @@ class CudaBackend final : public ops::Backend {
   void gemm(const void* w, cudaDataType_t w_type, const void* x, cudaDataType_t x_type, int64_t n, int64_t m, int64_t k,
             float* out, int64_t ldo, bool accumulate);
   const float* device_inv_freq(const ops::RopeTable& table);
+  // The row factors of x for the rms_scaled ops in a pass of their own
+  // (into row_inv_) where x has more rows than the reading kernels reduce
+  // well themselves; null otherwise (the kernels reduce their rows).
+  const float* row_inv_rms_pass(const Tensor& x, float eps);
+  // qkv_rope_kv_write (rms_x null) and rms_scaled_qkv_rope_kv_write (rms_x:
+  // the row-scale source x): the argument checks and the launch.
+  void run_qkv_rope(const Tensor* rms_x, float rms_eps, const Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm,
+                    float eps, const ops::RopeTable& rope, const ops::AttentionBatch& batch, ops::LayerKv& kv,
+                    Tensor& q_out);
   // paged_attention's split plan and kernel launch for one (sub-)batch
   // (attention/attention_ops.cpp); decode: one query token per sequence.
   // Plans and launches one attention (sub-)batch: scratch reserved against
@@ -182,6 +203,7 @@ class CudaBackend final : public ops::Backend {
   static constexpr int64_t kDecodeSplitTickets = 8192;
   DeviceBuffer decode_tickets_;
   DeviceBuffer rope_freq_;                // inv_freq copied from host memory
+  DeviceBuffer row_inv_;                  // row factors of a folded norm (row_inv_rms_pass)
   const float* last_inv_freq_ = nullptr;  // last RopeTable pointer seen and whether it was device memory
   bool last_inv_freq_on_device_ = false;
   // Timer-mark events, created on the first timer_mark() (cuda_profile.cpp);

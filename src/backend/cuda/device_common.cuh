@@ -179,6 +179,18 @@ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
     }                                                                                      \
   } while (0)
 
+// Eight consecutive values p[0..8) stored from fp32, each rounded to T; p
+// 16-byte aligned (32 for float). The counterpart of load8_act.
+template <class T>
+__device__ __forceinline__ void store8_act(T* p, const float (&v)[8]) {
+  constexpr int kWords = static_cast<int>(sizeof(T)) / 2;  // 16-byte words of 8 values
+  alignas(16) T e[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) e[i] = from_float<T>(v[i]);
+#pragma unroll
+  for (int i = 0; i < kWords; ++i) reinterpret_cast<uint4*>(p)[i] = reinterpret_cast<const uint4*>(e)[i];
+}
+
 // Eight consecutive activations p[0..8) as fp32; p 16-byte aligned (32 for float).
 template <class T>
 __device__ __forceinline__ void load8_act(const T* p, float out[8]);

@@ -25,8 +25,24 @@ void launch_embedding(DType dtype, const void* table, int64_t row_bytes, int64_t
 // x[i] += y[i] for i < count.
 void launch_add(DType act, void* x, const void* y, int64_t count, cudaStream_t stream);
 
-// out[n, f] = silu(gate_up[n, :f]) * gate_up[n, f:].
-void launch_silu_mul(DType act, const void* gate_up, int64_t n, int64_t f, void* out, cudaStream_t stream);
+// out[n, f] = silu(gate_up[n, :f]) * gate_up[n, f:]. inv [n] fp32 or null:
+// row t's gate and up values first multiplied by inv[t] and rounded to act
+// (as launch_rms_scaled_silu_mul, with the row factors computed before).
+void launch_silu_mul(DType act, const void* gate_up, int64_t n, int64_t f, void* out, cudaStream_t stream,
+                     const float* inv = nullptr);
+
+// launch_silu_mul of gate_up with row t first scaled by inv_t = 1 /
+// sqrt(mean(x[t, :]^2) + x_eps): g = gate_up[t, j] * inv_t and u =
+// gate_up[t, f + j] * inv_t each rounded to act, out[t, j] = silu(g) * u
+// rounded once. x [n, d] of act. Blocks (chunk of columns, row): each
+// reduces its row of x, then its chunk; the grid depends on n, f and
+// num_sms (the device's SM count) only.
+void launch_rms_scaled_silu_mul(DType act, const void* x, int64_t d, float x_eps, const void* gate_up, int64_t n,
+                                int64_t f, void* out, int num_sms, cudaStream_t stream);
+
+// w[r, i] = w[r, i] * scale[i] rounded to dtype (F32, F16 or BF16), in place,
+// for count elements of rows of k columns (count % k == 0); scale [k] fp32.
+void launch_scale_columns(DType dtype, void* w, int64_t count, int64_t k, const float* scale, cudaStream_t stream);
 
 // out row r = x row rows[r] (row_bytes each) for r < num_rows; indices
 // outside [0, num_x_rows) give a zero row.
@@ -66,6 +82,12 @@ void launch_rms_norm(DType act, const void* x, const float* w, float eps, int64_
 void launch_add_rms_norm(DType act, void* residual, const void* x, const float* w, float eps, int64_t rows, int64_t d,
                          void* out, cudaStream_t stream);
 
+// inv[r] = 1 / sqrt(mean(x[r, :]^2) + eps) (fp32) for r < rows; x [rows, d] of
+// act. The per-row factor of a norm folded into the projection after it, for
+// steps with too many rows for each reading block to reduce its row itself
+// (cuda_backend.cpp, kRowScalePassRows).
+void launch_row_inv_rms(DType act, const void* x, int64_t rows, int64_t d, float eps, float* inv, cudaStream_t stream);
+
 // ---- rope/ -----------------------------------------------------------------------
 
 // In place, Hugging Face half rotation of the first rotary_dim dims of every
@@ -76,7 +98,10 @@ void launch_rope(DType act, void* q, void* k, const int32_t* positions, int64_t 
 // The fused attention input: qkv [n, (hq + 2 hk) * hd] of act; per head
 // optional RMSNorm (q_norm/k_norm [hd] or null), RoPE of q and k, q_out
 // [n, hq, hd] of act, K/V rows into the pages (cache_dtype) at
-// slot_mapping (-1 or >= num_slots skips).
+// slot_mapping (-1 or >= num_slots skips). rms_x set: every q/k/v value of
+// token t is first multiplied by inv_t = 1 / sqrt(mean(rms_x[t, :]^2) +
+// rms_eps) and rounded to act (the qkv projection of rms_norm(x) with the
+// norm weight folded into it); rms_x [n, rms_d] of act. Null: no scaling.
 struct QkvRopeArgs {
   DType act = DType::kF32;
   const void* qkv = nullptr;
@@ -95,6 +120,12 @@ struct QkvRopeArgs {
   void* k_cache = nullptr;
   void* v_cache = nullptr;
   int64_t num_slots = 0;
+  const void* rms_x = nullptr;
+  int64_t rms_d = 0;
+  float rms_eps = 0.0f;
+  // The row factors computed before (launch_row_inv_rms), [n] fp32: used
+  // instead of reducing rms_x (which is then ignored); null: none.
+  const float* rms_inv = nullptr;
 };
 void launch_qkv_rope_kv_write(const QkvRopeArgs& args, cudaStream_t stream);
 

@@ -1,12 +1,16 @@
-// Row-wise and elementwise kernels: embedding lookup, add, SiLU-and-mul,
-// row gather, bias broadcast, float conversions and the seeded uniform fill.
-// The kernels of the decode chain (embedding, add, SiLU-and-mul) are launched
-// through launch_pdl (pdl.cuh) and call pdl_wait() before any access.
+// Row-wise and elementwise kernels: embedding lookup, add, SiLU-and-mul
+// (also with the RMS row scale of a folded norm), row gather, bias
+// broadcast, float conversions, the seeded uniform fill and the column
+// scaling that folds norm weights into projections at load. The kernels of
+// the decode chain (embedding, add, SiLU-and-mul) are launched through
+// launch_pdl (pdl.cuh) and call pdl_wait() before any access.
 #include <algorithm>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_common.cuh"
+#include "backend/cuda/host_util.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/norm/row_rms.cuh"
 #include "backend/cuda/pdl.cuh"
 #include "ops/uniform_hash.h"
 
@@ -50,7 +54,8 @@ __global__ void add_kernel(T* __restrict__ x, const T* __restrict__ y, int64_t c
 
 // BF16 or F16 rows (T) with f % 8 == 0 and 16-byte aligned rows: 8 outputs per thread.
 template <class T>
-__global__ void silu_mul_x8_kernel(const T* __restrict__ gate_up, int64_t n, int64_t f, T* __restrict__ out) {
+__global__ void silu_mul_x8_kernel(const T* __restrict__ gate_up, int64_t n, int64_t f, T* __restrict__ out,
+                                   const float* __restrict__ inv) {
   pdl_launch_dependents();
   pdl_wait();
   const int64_t count = n * f / 8;
@@ -61,6 +66,14 @@ __global__ void silu_mul_x8_kernel(const T* __restrict__ gate_up, int64_t n, int
     float g[8], u[8];
     load8_act<T>(gate_up + r * 2 * f + c, g);
     load8_act<T>(gate_up + r * 2 * f + f + c, u);
+    if (inv) {  // a folded norm's row factor, rounded as the projection of the normed row stores it
+      const float s = inv[r];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        g[e] = to_float(from_float<T>(g[e] * s));
+        u[e] = to_float(from_float<T>(u[e] * s));
+      }
+    }
     alignas(16) T o[8];
 #pragma unroll
     for (int e = 0; e < 8; ++e) o[e] = from_float<T>(g[e] / (1.0f + expf(-g[e])) * u[e]);
@@ -68,8 +81,90 @@ __global__ void silu_mul_x8_kernel(const T* __restrict__ gate_up, int64_t n, int
   }
 }
 
+// silu_mul of gate_up rows scaled by the RMS factor of x's rows (the
+// projection of the raw residual x with the MLP norm weight folded into
+// w_gate_up). Grid (chunks, rows): block (b, y) takes columns [b * per_block,
+// (b + 1) * per_block) of rows y, y + gridDim.y, ... (gridDim.y <= 65535).
+// Per row, the whole block first reduces x[t, :] to inv (block_row_inv_rms),
+// then each value of its chunk: g and u scaled by inv and rounded to T (as a
+// projection of the normed row stores them), out = silu(g) * u rounded once,
+// the expression of silu_mul_x8_kernel. kVec: T 16-bit, f and per_block
+// multiples of 8, gate_up and out 16-byte aligned; 8 columns per step with
+// 16-byte loads and stores. Otherwise one column per step.
+template <class T, bool kVec>
+__global__ void __launch_bounds__(kThreads)
+    rms_scaled_silu_mul_kernel(const T* __restrict__ x, int64_t d, float x_eps, const T* __restrict__ gate_up,
+                               int64_t n, int64_t f, int64_t per_block, T* __restrict__ out) {
+  __shared__ float red[32];
+  pdl_launch_dependents();
+  pdl_wait();
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * per_block;
+  const int64_t c1 = min(f, c0 + per_block);
+  for (int64_t t = blockIdx.y; t < n; t += gridDim.y) {
+    const T* g_row = gate_up + t * 2 * f;
+    const T* u_row = g_row + f;
+    T* o_row = out + t * f;
+    if constexpr (kVec) {
+      const int64_t step = static_cast<int64_t>(blockDim.x) * 8;
+      int64_t c = c0 + static_cast<int64_t>(threadIdx.x) * 8;
+      float g[8], u[8];
+      // The first group's loads are in flight during the reduction; each
+      // later group's during the previous group's stores.
+      if (c < c1) {
+        load8_act<T>(g_row + c, g);
+        load8_act<T>(u_row + c, u);
+      }
+      const float inv = block_row_inv_rms(x + t * d, d, x_eps, red);
+      for (; c < c1; c += step) {
+        float o[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          const float gs = to_float(from_float<T>(g[e] * inv));
+          const float us = to_float(from_float<T>(u[e] * inv));
+          o[e] = gs / (1.0f + expf(-gs)) * us;
+        }
+        if (c + step < c1) {
+          load8_act<T>(g_row + c + step, g);
+          load8_act<T>(u_row + c + step, u);
+        }
+        store8_act<T>(o_row + c, o);
+      }
+    } else {
+      const float inv = block_row_inv_rms(x + t * d, d, x_eps, red);
+      for (int64_t c = c0 + threadIdx.x; c < c1; c += blockDim.x) {
+        const float gs = to_float(from_float<T>(to_float(g_row[c]) * inv));
+        const float us = to_float(from_float<T>(to_float(u_row[c]) * inv));
+        o_row[c] = from_float<T>(gs / (1.0f + expf(-gs)) * us);
+      }
+    }
+  }
+}
+
+// w[i] *= scale[i % k] rounded to T, i < count. kVec: k % 8 == 0 and w
+// 16-byte aligned; groups of 8 (one row, k being a multiple of 8) per step.
+template <class T, bool kVec>
+__global__ void scale_columns_kernel(T* __restrict__ w, int64_t count, int64_t k, const float* __restrict__ scale) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  if constexpr (kVec) {
+    for (int64_t g = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; g < count / 8; g += stride) {
+      const int64_t i = g * 8;
+      const int64_t c = i % k;
+      float v[8];
+      load8_act<T>(w + i, v);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) v[e] *= scale[c + e];
+      store8_act<T>(w + i, v);
+    }
+  } else {
+    for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count; i += stride) {
+      w[i] = from_float<T>(to_float(w[i]) * scale[i % k]);
+    }
+  }
+}
+
 template <class T>
-__global__ void silu_mul_kernel(const T* __restrict__ gate_up, int64_t n, int64_t f, T* __restrict__ out) {
+__global__ void silu_mul_kernel(const T* __restrict__ gate_up, int64_t n, int64_t f, T* __restrict__ out,
+                                const float* __restrict__ inv) {
   pdl_launch_dependents();
   pdl_wait();
   const int64_t count = n * f;
@@ -77,8 +172,12 @@ __global__ void silu_mul_kernel(const T* __restrict__ gate_up, int64_t n, int64_
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t r = i / f;
     const int64_t c = i - r * f;
-    const float g = to_float(gate_up[r * 2 * f + c]);
-    const float u = to_float(gate_up[r * 2 * f + f + c]);
+    float g = to_float(gate_up[r * 2 * f + c]);
+    float u = to_float(gate_up[r * 2 * f + f + c]);
+    if (inv) {
+      g = to_float(from_float<T>(g * inv[r]));
+      u = to_float(from_float<T>(u * inv[r]));
+    }
     out[i] = from_float<T>(g / (1.0f + expf(-g)) * u);
   }
 }
@@ -173,18 +272,64 @@ void launch_add(DType act, void* x, const void* y, int64_t count, cudaStream_t s
                               static_cast<const T*>(y), count));
 }
 
-void launch_silu_mul(DType act, const void* gate_up, int64_t n, int64_t f, void* out, cudaStream_t stream) {
+void launch_silu_mul(DType act, const void* gate_up, int64_t n, int64_t f, void* out, cudaStream_t stream,
+                     const float* inv) {
   if (n * f == 0) return;
   if ((act == DType::kBF16 || act == DType::kF16) && f % 8 == 0 && reinterpret_cast<uintptr_t>(gate_up) % 16 == 0 &&
       reinterpret_cast<uintptr_t>(out) % 16 == 0) {
     OSP_DISPATCH_16(act, T,
                     launch_pdl(silu_mul_x8_kernel<T>, dim3(grid_for(n * f / 8)), dim3(kThreads), 0, stream,
-                               static_cast<const T*>(gate_up), n, f, static_cast<T*>(out)));
+                               static_cast<const T*>(gate_up), n, f, static_cast<T*>(out), inv));
     return;
   }
   OSP_DISPATCH_ACT(act, T,
                    launch_pdl(silu_mul_kernel<T>, dim3(grid_for(n * f)), dim3(kThreads), 0, stream,
-                              static_cast<const T*>(gate_up), n, f, static_cast<T*>(out)));
+                              static_cast<const T*>(gate_up), n, f, static_cast<T*>(out), inv));
+}
+
+void launch_rms_scaled_silu_mul(DType act, const void* x, int64_t d, float x_eps, const void* gate_up, int64_t n,
+                                int64_t f, void* out, int num_sms, cudaStream_t stream) {
+  if (n * f == 0) return;
+  OSP_CHECK_GT(d, 0);
+  const bool vec = (act == DType::kBF16 || act == DType::kF16) && f % 8 == 0 && aligned16(gate_up) && aligned16(out);
+  // Columns per block: one column group (8 columns, or 1) per thread, so
+  // every load of the step is in flight at once behind the row reductions
+  // (this kernel serves decode-size steps, where latency is what counts;
+  // the backend computes the row factors in a pass of their own for larger
+  // ones). Whole groups per block; the last chunk of a row may be short.
+  (void)num_sms;
+  const int64_t unit = vec ? 8 : 1;
+  const int64_t groups = ceil_div(f, unit);
+  const int64_t chunks = ceil_div(groups, kThreads);
+  const int64_t per_block = ceil_div(groups, chunks) * unit;
+  const dim3 grid(static_cast<unsigned>(ceil_div(f, per_block)), static_cast<unsigned>(std::min<int64_t>(n, 65535)));
+  if (vec) {
+    OSP_DISPATCH_16(act, T,
+                    launch_pdl(rms_scaled_silu_mul_kernel<T, true>, grid, dim3(kThreads), 0, stream,
+                               static_cast<const T*>(x), d, x_eps, static_cast<const T*>(gate_up), n, f, per_block,
+                               static_cast<T*>(out)));
+    return;
+  }
+  OSP_DISPATCH_ACT(act, T,
+                   launch_pdl(rms_scaled_silu_mul_kernel<T, false>, grid, dim3(kThreads), 0, stream,
+                              static_cast<const T*>(x), d, x_eps, static_cast<const T*>(gate_up), n, f, per_block,
+                              static_cast<T*>(out)));
+}
+
+void launch_scale_columns(DType dtype, void* w, int64_t count, int64_t k, const float* scale, cudaStream_t stream) {
+  if (count == 0) return;
+  OSP_CHECK(k > 0 && count % k == 0);
+  if (k % 8 == 0 && aligned16(w)) {
+    OSP_DISPATCH_FLOAT(dtype, T, {
+      scale_columns_kernel<T, true><<<grid_for(count / 8), kThreads, 0, stream>>>(static_cast<T*>(w), count, k,
+                                                                                   scale);
+    });
+  } else {
+    OSP_DISPATCH_FLOAT(dtype, T, {
+      scale_columns_kernel<T, false><<<grid_for(count), kThreads, 0, stream>>>(static_cast<T*>(w), count, k, scale);
+    });
+  }
+  OSP_CUDA_CHECK_LAUNCH();
 }
 
 void launch_gather_rows(const void* x, int64_t row_bytes, int64_t num_x_rows, const int32_t* rows, int num_rows,

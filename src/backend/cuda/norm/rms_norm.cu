@@ -7,6 +7,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_common.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/norm/row_rms.cuh"
 #include "backend/cuda/pdl.cuh"
 
 namespace osprey::cuda {
@@ -107,6 +108,18 @@ __global__ void rms_norm_x8_kernel(T* residual, const T* __restrict__ x, const f
   *reinterpret_cast<uint4*>(out + r * d + c) = *reinterpret_cast<const uint4*>(o);
 }
 
+// inv[r] = 1 / sqrt(mean(x[r, :]^2) + eps): the row factor of a folded norm
+// for the ops that read its projection (one block per row).
+template <class T>
+__global__ void row_inv_rms_kernel(const T* __restrict__ x, int64_t d, float eps, float* __restrict__ inv) {
+  __shared__ float red[32];
+  pdl_launch_dependents();
+  pdl_wait();
+  const int64_t r = blockIdx.x;
+  const float v = block_row_inv_rms(x + r * d, d, eps, red);
+  if (threadIdx.x == 0) inv[r] = v;
+}
+
 bool vec_ok(DType act, int64_t d, const void* a, const void* b, const void* c) {
   auto al = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   return (act == DType::kBF16 || act == DType::kF16) && d % 8 == 0 && d <= 8 * 1024 && al(a) && al(b) && al(c);
@@ -148,6 +161,16 @@ void launch_add_rms_norm(DType act, void* residual, const void* x, const float* 
                    launch_pdl(add_rms_norm_kernel<T>, dim3(static_cast<unsigned>(rows)), dim3(threads_for(d)), 0,
                               stream, static_cast<T*>(residual), static_cast<const T*>(x), w, eps, d,
                               static_cast<T*>(out)));
+}
+
+void launch_row_inv_rms(DType act, const void* x, int64_t rows, int64_t d, float eps, float* inv, cudaStream_t stream) {
+  if (rows == 0) return;
+  OSP_CHECK_GT(d, 0);
+  OSP_CHECK_LE(rows, int64_t{2147483647});
+  const int threads = static_cast<int>(std::clamp<int64_t>(ceil_div(d, 8 * 32) * 32, 32, 256));
+  OSP_DISPATCH_ACT(act, T,
+                   launch_pdl(row_inv_rms_kernel<T>, dim3(static_cast<unsigned>(rows)), dim3(threads), 0, stream,
+                              static_cast<const T*>(x), d, eps, inv));
 }
 
 }  // namespace osprey::cuda

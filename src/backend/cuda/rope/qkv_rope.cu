@@ -26,6 +26,17 @@
 // earlier positions) become resident at once, and the vec kernel computes
 // its angles (positions and inv_freq: host-written) before pdl_wait; q/k/v
 // are read only after it.
+//
+// Row scale (args.rms_x set; ops::Backend::rms_scaled_qkv_rope_kv_write):
+// qkv is then the projection of the raw residual x with the RMSNorm weight
+// folded into it, so each block first reduces its token's row of x to inv =
+// 1 / sqrt(mean(x^2) + rms_eps) (all threads, after pdl_wait: x is written
+// by the kernels before) and every q/k/v value v becomes v * inv rounded to
+// the activation dtype, as a projection of the normed rows would have stored
+// it, before the head norm, RoPE and the stores. With args.rms_inv set the
+// factors were computed before (launch_row_inv_rms, for steps of many rows)
+// and each block reads its token's. Null rms_x and rms_inv leave the
+// kernels as they were.
 #include <algorithm>
 #include <cstdint>
 
@@ -33,6 +44,7 @@
 #include "backend/cuda/device_common.cuh"
 #include "backend/cuda/host_util.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/norm/row_rms.cuh"
 #include "backend/cuda/pdl.cuh"
 
 namespace osprey::cuda {
@@ -45,9 +57,15 @@ constexpr int kChunks = kMaxHd / 32;
 template <class T, class KvT>
 __global__ void __launch_bounds__(kWarps * 32) qkv_rope_kernel(QkvRopeArgs a) {
   __shared__ float buf[kWarps][kMaxHd];
+  __shared__ float red[32];
   pdl_launch_dependents();
   pdl_wait();
   const int64_t t = blockIdx.x;
+  // The row scale: the whole block (32 * min(kWarps, heads) threads), before any warp skips a head.
+  const bool scaled = a.rms_x || a.rms_inv;
+  const float row_inv = a.rms_inv ? a.rms_inv[t]
+                        : a.rms_x ? block_row_inv_rms(static_cast<const T*>(a.rms_x) + t * a.rms_d, a.rms_d, a.rms_eps, red)
+                                  : 1.0f;
   const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
   const int hd = a.hd;
@@ -70,6 +88,13 @@ __global__ void __launch_bounds__(kWarps * 32) qkv_rope_kernel(QkvRopeArgs a) {
     for (int c = 0; c < kChunks; ++c) {
       const int d = lane + 32 * c;
       v[c] = d < hd ? to_float(src[d]) : 0.0f;
+    }
+    if (scaled) {
+      // Rounded to T, as the projection of the normed rows stores it (dims past hd stay 0).
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) {
+        if (lane + 32 * c < hd) v[c] = to_float(from_float<T>(v[c] * row_inv));
+      }
     }
     if (is_q || is_k) {
       const float* nw = is_q ? a.q_norm : a.k_norm;
@@ -133,20 +158,10 @@ __global__ void __launch_bounds__(kWarps * 32) qkv_rope_kernel(QkvRopeArgs a) {
 constexpr int kVecThreads = 256;
 constexpr int kVecMaxHd = kMaxHd;
 
-// 8 consecutive elements (16-byte aligned) from fp32 (load8_act reads them).
-template <class T>
-__device__ __forceinline__ void store8(T* p, const float (&v)[8]) {
-  constexpr int kVec = static_cast<int>(sizeof(T)) / 2;
-  alignas(16) T e[8];
-#pragma unroll
-  for (int i = 0; i < 8; ++i) e[i] = from_float<T>(v[i]);
-#pragma unroll
-  for (int i = 0; i < kVec; ++i) reinterpret_cast<uint4*>(p)[i] = reinterpret_cast<const uint4*>(e)[i];
-}
-
 template <class T, class KvT>
 __global__ void __launch_bounds__(kVecThreads) qkv_rope_vec_kernel(QkvRopeArgs a) {
   __shared__ float s_cos[kVecMaxHd / 2], s_sin[kVecMaxHd / 2];
+  __shared__ float red[32];
   const int64_t t = blockIdx.x;
   const int hd = a.hd;
   const int half = hd / 2;
@@ -175,6 +190,21 @@ __global__ void __launch_bounds__(kVecThreads) qkv_rope_vec_kernel(QkvRopeArgs a
     const T* src = static_cast<const T*>(a.qkv) + (t * heads + h) * static_cast<int64_t>(hd);
     load8_act<T>(src + 8 * j, v1);
     load8_act<T>(src + half + 8 * j, v2);
+  }
+  if (a.rms_x || a.rms_inv) {
+    // The row scale (its loads overlap those above): every thread of the
+    // block, active or not, since block_sum synchronises.
+    const float row_inv = a.rms_inv
+                              ? a.rms_inv[t]
+                              : block_row_inv_rms(static_cast<const T*>(a.rms_x) + t * a.rms_d, a.rms_d, a.rms_eps, red);
+    if (active) {
+      // Rounded to T, as the projection of the normed rows stores it.
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        v1[e] = to_float(from_float<T>(v1[e] * row_inv));
+        v2[e] = to_float(from_float<T>(v2[e] * row_inv));
+      }
+    }
   }
   __syncthreads();
   if (!active) return;
@@ -206,8 +236,8 @@ __global__ void __launch_bounds__(kVecThreads) qkv_rope_vec_kernel(QkvRopeArgs a
   }
   if (is_q) {
     T* dst = static_cast<T*>(a.q_out) + (t * a.hq + h) * static_cast<int64_t>(hd);
-    store8(dst + 8 * j, v1);
-    store8(dst + half + 8 * j, v2);
+    store8_act(dst + 8 * j, v1);
+    store8_act(dst + half + 8 * j, v2);
     return;
   }
   // Rounded to the activation dtype first, as if k/v had been stored and kv_write had read them.
@@ -218,8 +248,8 @@ __global__ void __launch_bounds__(kVecThreads) qkv_rope_vec_kernel(QkvRopeArgs a
   }
   const int kvh = is_k ? h - a.hq : h - a.hq - a.hk;
   KvT* dst = static_cast<KvT*>(is_k ? a.k_cache : a.v_cache) + (static_cast<int64_t>(slot) * a.hk + kvh) * hd;
-  store8(dst + 8 * j, v1);
-  store8(dst + half + 8 * j, v2);
+  store8_act(dst + 8 * j, v1);
+  store8_act(dst + half + 8 * j, v2);
 }
 
 }  // namespace
