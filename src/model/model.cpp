@@ -51,6 +51,11 @@ struct Model::Impl {
   Tensor lm_head;     // [vocab, d]
   std::vector<LayerWeights> layers;
   bool any_unfused = false;  // some layer keeps separate q/k/v projections
+  // The attention and MLP norm weights are multiplied into w_qkv and
+  // w_gate_up (Backend::folds_norms); each layer's attn_norm and ffn_norm
+  // then point at unit_norm (ones, for the GEMV-size steps' rms_norm_matmul*).
+  bool folded_norms = false;
+  Tensor unit_norm;  // [d] F32 ones, when folded_norms
   std::vector<float> inv_freq_host;
   float* inv_freq = nullptr;  // on the backend's device
   ops::RopeTable rope;
@@ -76,6 +81,8 @@ std::vector<std::pair<std::string, int>> Model::weight_dtype_counts() const {
 }
 
 size_t Model::weight_bytes() const { return impl_->weight_bytes; }
+
+bool Model::norms_folded() const { return impl_->folded_norms; }
 
 Expected<DType> parse_dtype_option(const std::string& value, DType automatic, const char* what) {
   if (value.empty() || value == "auto") return automatic;
@@ -313,7 +320,53 @@ Expected<ModelConfig> dummy_config(const std::string& path) {
   return model_config_from_hf_json(text.json, text.origin);
 }
 
+// Whether t's memory belongs to the model: device weights are always
+// uploaded copies; host weights only where placed by the backend (dummy
+// fills) or converted or fused into `owned` (others may be read-only file
+// mappings).
+bool model_owns(const Tensor& t, const std::vector<std::vector<uint8_t>>& owned, const std::vector<void*>& placed) {
+  if (t.device() != Device::kCpu) return true;
+  if (std::find(placed.begin(), placed.end(), t.data()) != placed.end()) return true;
+  const auto* p = static_cast<const uint8_t*>(t.data());
+  for (const auto& buf : owned) {
+    if (p >= buf.data() && p + t.nbytes() <= buf.data() + buf.size()) return true;
+  }
+  return false;
+}
+
 }  // namespace
+
+// Folds the attention and MLP norm weights into w_qkv and w_gate_up where
+// the backend asks for it (Backend::folds_norms): the product of the raw
+// residual is then scaled per row by the op reading it, and no norm pass
+// runs at GEMM-size steps. Only where every layer has the fused q/k/v
+// projection without a bias (a bias is added after the product, so it would
+// be scaled too), the o and down projections add into the residual inside
+// their GEMMs (resid then holds the whole residual the norms read), and the
+// weights are float matrices this model owns.
+Status Model::fold_norms(Impl& m, ops::Backend& be, DType act, int64_t d) {
+  if (!be.folds_norms(act) || !be.fuses_matmul_add(act) || m.any_unfused || m.layers.empty()) return {};
+  for (const LayerWeights& L : m.layers) {
+    for (const Tensor* w : {&L.w_qkv, &L.w_gate_up}) {
+      if (!w->defined() || !is_float_dtype(w->dtype()) || !model_owns(*w, m.owned, m.device_allocations)) return {};
+    }
+    if (L.b_qkv.defined()) return {};
+  }
+  std::vector<float> ones(static_cast<size_t>(d), 1.0f);
+  void* p = be.alloc(ones.size() * sizeof(float));
+  if (!p) return resource_exhausted("out of device memory after loading the weights");
+  m.device_allocations.push_back(p);
+  be.copy_to_device(p, ones.data(), ones.size() * sizeof(float));
+  m.unit_norm = Tensor(p, DType::kF32, {d}, be.device());
+  for (LayerWeights& L : m.layers) {
+    be.scale_columns(L.w_qkv, L.attn_norm);
+    be.scale_columns(L.w_gate_up, L.ffn_norm);
+    L.attn_norm = m.unit_norm;
+    L.ffn_norm = m.unit_norm;
+  }
+  m.folded_norms = true;
+  return {};
+}
 
 Expected<std::unique_ptr<Model>> Model::load(const std::string& path, ops::Backend& backend,
                                              const ModelLoadOptions& options) {
@@ -423,6 +476,7 @@ Expected<std::unique_ptr<Model>> Model::load(const std::string& path, ops::Backe
     L.w_down = b.matrix(p + "mlp.down_proj.weight", d, f);
   }
   OSP_RETURN_IF_ERROR(b.status());
+  OSP_RETURN_IF_ERROR(fold_norms(m, backend, act, d));
 
   m.inv_freq_host = ops::make_rope_inv_freq(c.rope_theta, c.head_dim, c.rope_scaling);
   const size_t freq_bytes = m.inv_freq_host.size() * sizeof(float);
@@ -542,6 +596,10 @@ Tensor Model::forward(const ForwardBatch& batch, KvCache& kv) {
   // and norm + gate/up are one op each (normed left unwritten; the normed
   // rows rounded to the activation dtype as rms_norm rounds them).
   const bool fused_norm = fused_resid && be.fuses_rms_norm_matmul(n, act_dtype_);
+  // Norm weights folded into w_qkv / w_gate_up (fold_norms): at the other
+  // steps the projections read resid itself and the ops reading their
+  // products scale each row by 1 / rms(resid row): no norm pass.
+  const bool scale_after = m.folded_norms && !fused_norm;
   // normed = rms_norm(resid (+ proj, the previous projection, when the
   // residual is not fused and this is not the first norm)) * w.
   auto norm_resid = [&](const Tensor& w, bool first) {
@@ -566,13 +624,19 @@ Tensor Model::forward(const ForwardBatch& batch, KvCache& kv) {
     if (L.w_qkv.defined()) {
       // One GEMM for q, k, v (the norm folded in where the backend can);
       // norm + RoPE + KV page write in one kernel.
-      if (fused_norm) {
-        be.rms_norm_matmul(resid, L.attn_norm, c.rms_norm_eps, L.w_qkv, L.b_qkv, normed, qkv);
+      if (scale_after) {
+        be.matmul(resid, L.w_qkv, L.b_qkv, qkv);  // no bias where folded
+        be.rms_scaled_qkv_rope_kv_write(resid, c.rms_norm_eps, qkv, L.q_norm, L.k_norm, c.rms_norm_eps, m.rope,
+                                        batch.attn, kv.layers[l], q3);
       } else {
-        norm_resid(L.attn_norm, l == 0);
-        be.matmul(normed, L.w_qkv, L.b_qkv, qkv);
+        if (fused_norm) {
+          be.rms_norm_matmul(resid, L.attn_norm, c.rms_norm_eps, L.w_qkv, L.b_qkv, normed, qkv);
+        } else {
+          norm_resid(L.attn_norm, l == 0);
+          be.matmul(normed, L.w_qkv, L.b_qkv, qkv);
+        }
+        be.qkv_rope_kv_write(qkv, L.q_norm, L.k_norm, c.rms_norm_eps, m.rope, batch.attn, kv.layers[l], q3);
       }
-      be.qkv_rope_kv_write(qkv, L.q_norm, L.k_norm, c.rms_norm_eps, m.rope, batch.attn, kv.layers[l], q3);
     } else {
       norm_resid(L.attn_norm, l == 0);
       Tensor k = ws.k.slice(0, n), v = ws.v.slice(0, n);
@@ -590,7 +654,10 @@ Tensor Model::forward(const ForwardBatch& batch, KvCache& kv) {
     }
     be.paged_attention(q3, kv.layers[l], batch.attn, scale, window, attn3);
     project(attn, L.wo);  // + attention output
-    if (fused_norm) {
+    if (scale_after) {
+      be.matmul(resid, L.w_gate_up, Tensor(), gate_up);
+      be.rms_scaled_silu_mul(resid, c.rms_norm_eps, gate_up, act);
+    } else if (fused_norm) {
       be.rms_norm_matmul_silu_mul(resid, L.ffn_norm, c.rms_norm_eps, L.w_gate_up, normed, gate_up, act);
     } else {
       norm_resid(L.ffn_norm, false);

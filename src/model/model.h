@@ -67,6 +67,9 @@ class Model {
   const ModelLoadOptions& load_options() const { return options_; }
   // True when the weights are random (load_format "dummy").
   bool is_dummy() const { return options_.load_format == "dummy"; }
+  // True when the attention and MLP norm weights were folded into the qkv
+  // and gate/up projections at load (ops::Backend::folds_norms).
+  bool norms_folded() const;
 
   // Bytes of KV cache per token (all layers, K and V).
   size_t kv_bytes_per_token() const;
@@ -85,6 +88,7 @@ class Model {
  private:
   Model();
   struct Impl;
+  static Status fold_norms(Impl& m, ops::Backend& be, DType act, int64_t d);
   std::unique_ptr<Impl> impl_;
   ModelConfig config_;
   ops::Backend* backend_ = nullptr;

@@ -406,5 +406,37 @@ TEST(NormMatmulModel, FoldedNormForwardMatchesUnfolded) {
   }
 }
 
+// The norm weights folded into w_qkv / w_gate_up (folds_norms, the default
+// at BF16) against folded_norm = false, same weights: the prompt step (GEMM
+// rows: the products of the raw residual, scaled by the ops reading them)
+// and decode steps of two sequences (GEMV rows: rms_norm_matmul* with the
+// unit norm weight). llama, qwen3 and mistral fold at BF16; qwen2 (qkv
+// bias) and F16 activations do not.
+TEST(NormFoldModel, FoldedWeightsForwardMatchesUnfolded) {
+  ASSERT_GT(cuda::device_count(), 0);
+  if (env_off("OSPREY_FOLDED_NORM")) GTEST_SKIP() << "OSPREY_FOLDED_NORM=0 turns the fold off";
+  if (env_off("OSPREY_FUSED_RESIDUAL")) GTEST_SKIP() << "the fold runs with the fused residual only";
+  cuda::CudaBackendOptions on, off;
+  off.folded_norm = false;
+  auto be_on = cuda::make_cuda_backend(on), be_off = cuda::make_cuda_backend(off);
+  ASSERT_NE(be_on, nullptr);
+  ASSERT_NE(be_off, nullptr);
+  for (const char* fixture : {"llama", "qwen2", "qwen3", "mistral"}) {
+    const std::string path = std::string(OSPREY_SOURCE_DIR) + "/tests/fixtures/" + fixture;
+    for (const char* dtype : {"bfloat16", "float16"}) {
+      const bool bf16 = std::string(dtype) == "bfloat16";
+      const std::string tag = std::string(fixture) + " " + dtype;
+      ModelLoadOptions o;
+      o.dtype = dtype;
+      auto m_on = Model::load(path, *be_on, o), m_off = Model::load(path, *be_off, o);
+      ASSERT_TRUE(m_on.ok()) << m_on.status().to_string();
+      ASSERT_TRUE(m_off.ok()) << m_off.status().to_string();
+      EXPECT_EQ((*m_on)->norms_folded(), bf16 && std::string(fixture) != "qwen2") << tag;
+      EXPECT_FALSE((*m_off)->norms_folded()) << tag;
+      expect_fused_forward_matches(**m_on, **m_off, bf16 ? 1e-3 : 5e-5, tag);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace osprey::gpu_test

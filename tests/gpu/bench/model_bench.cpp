@@ -141,6 +141,17 @@ class ProfilingBackend final : public ops::Backend {
     bytes_[label] = static_cast<double>(w.nbytes());
   }
   bool fuses_rms_norm_matmul(int64_t n, DType act) const override { return b_.fuses_rms_norm_matmul(n, act); }
+  // Forwarded, so the model folds the norms as it would unprofiled.
+  bool folds_norms(DType act) const override { return b_.folds_norms(act); }
+  void scale_columns(Tensor& w, const Tensor& s) override { b_.scale_columns(w, s); }
+  void rms_scaled_qkv_rope_kv_write(const Tensor& x, float xe, const Tensor& qkv, const Tensor& qn, const Tensor& kn,
+                                    float eps, const ops::RopeTable& rt, const ops::AttentionBatch& a,
+                                    ops::LayerKv& kv, Tensor& q) override {
+    timed("rms_scale+qkv_rope_kv_write", [&] { b_.rms_scaled_qkv_rope_kv_write(x, xe, qkv, qn, kn, eps, rt, a, kv, q); });
+  }
+  void rms_scaled_silu_mul(const Tensor& x, float xe, const Tensor& g, Tensor& o) override {
+    timed("rms_scale+silu_mul", [&] { b_.rms_scaled_silu_mul(x, xe, g, o); });
+  }
   void head_rms_norm(Tensor& x, const Tensor& w, float eps) override {
     timed("head_rms_norm", [&] { b_.head_rms_norm(x, w, eps); });
   }
@@ -396,7 +407,8 @@ int main(int argc, char** argv) {
   const std::string env_lt = std::string("OSPREY_LT_AUTOTUNE=") + env_or("OSPREY_LT_AUTOTUNE", "(unset)") +
                              " OSPREY_LT_FINE_MAX=" + env_or("OSPREY_LT_FINE_MAX", "(unset)") +
                              " OSPREY_FUSED_RESIDUAL=" + env_or("OSPREY_FUSED_RESIDUAL", "(unset)") +
-                             " OSPREY_FUSED_NORM=" + env_or("OSPREY_FUSED_NORM", "(unset)");
+                             " OSPREY_FUSED_NORM=" + env_or("OSPREY_FUSED_NORM", "(unset)") +
+                             " OSPREY_FOLDED_NORM=" + env_or("OSPREY_FOLDED_NORM", "(unset)");
   std::printf("env: %s\n", env_lt.c_str());
 
   // Copy bandwidth ceiling: 2 GiB device to device, read + write counted.

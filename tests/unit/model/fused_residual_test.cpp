@@ -12,6 +12,8 @@
 // their defaults, the same fp32 operations again.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
@@ -26,12 +28,19 @@ namespace osprey {
 namespace {
 
 // Forwards every op to a CPU backend, counting the residual and norm ops;
-// reports fuses_matmul_add(F32) = claim_fusion and
-// fuses_rms_norm_matmul(n, F32) = claim_norm.
+// reports fuses_matmul_add(F32) = claim_fusion,
+// fuses_rms_norm_matmul(n, F32) = claim_norm for n <= norm_max_rows and
+// folds_norms(F32) = claim_fold (the folding ops through Backend's host
+// defaults).
 class FusionClaimingBackend final : public ops::Backend {
  public:
-  explicit FusionClaimingBackend(bool claim_fusion, bool claim_norm = false)
-      : inner_(ops::make_cpu_backend(1)), claim_(claim_fusion), claim_norm_(claim_norm) {}
+  explicit FusionClaimingBackend(bool claim_fusion, bool claim_norm = false, bool claim_fold = false,
+                                 int64_t norm_max_rows = INT64_MAX)
+      : inner_(ops::make_cpu_backend(1)),
+        claim_(claim_fusion),
+        claim_norm_(claim_norm),
+        claim_fold_(claim_fold),
+        norm_max_rows_(norm_max_rows) {}
   std::map<std::string, int> calls;
 
   Device device() const override { return inner_->device(); }
@@ -74,7 +83,22 @@ class FusionClaimingBackend final : public ops::Backend {
     ops::Backend::rms_norm_matmul_silu_mul(x, nw, eps, w, normed, gate_up, out);
   }
   bool fuses_rms_norm_matmul(int64_t n, DType act) const override {
-    return claim_norm_ && n > 0 && act == DType::kF32;
+    return claim_norm_ && n > 0 && n <= norm_max_rows_ && act == DType::kF32;
+  }
+  bool folds_norms(DType act) const override { return claim_fold_ && act == DType::kF32; }
+  void scale_columns(Tensor& w, const Tensor& scale) override {
+    ++calls["scale_columns"];
+    ops::Backend::scale_columns(w, scale);
+  }
+  void rms_scaled_qkv_rope_kv_write(const Tensor& x, float xe, const Tensor& qkv, const Tensor& qn, const Tensor& kn,
+                                    float eps, const ops::RopeTable& rope, const ops::AttentionBatch& b,
+                                    ops::LayerKv& kv, Tensor& q) override {
+    ++calls["rms_scaled_qkv_rope_kv_write"];
+    ops::Backend::rms_scaled_qkv_rope_kv_write(x, xe, qkv, qn, kn, eps, rope, b, kv, q);  // then this class's op
+  }
+  void rms_scaled_silu_mul(const Tensor& x, float xe, const Tensor& g, Tensor& out) override {
+    ++calls["rms_scaled_silu_mul"];
+    ops::Backend::rms_scaled_silu_mul(x, xe, g, out);
   }
   void head_rms_norm(Tensor& x, const Tensor& w, float eps) override { inner_->head_rms_norm(x, w, eps); }
   void rope(Tensor& q, Tensor& k, const int32_t* p, const ops::RopeTable& t) override { inner_->rope(q, k, p, t); }
@@ -105,14 +129,17 @@ class FusionClaimingBackend final : public ops::Backend {
   std::unique_ptr<ops::Backend> inner_;
   bool claim_;
   bool claim_norm_;
+  bool claim_fold_;
+  int64_t norm_max_rows_;
 };
 
 // A prompt (all rows' logits) and three decode steps through one fixture.
-std::vector<float> run(ops::Backend& be, const std::string& fixture, int* num_layers) {
+std::vector<float> run(ops::Backend& be, const std::string& fixture, int* num_layers, bool* folded = nullptr) {
   auto model = Model::load(std::string(OSPREY_SOURCE_DIR) + "/tests/fixtures/" + fixture, be, {});
   EXPECT_TRUE(model.ok()) << model.status().to_string();
   if (!model.ok()) return {};
   *num_layers = (*model)->config().num_layers;
+  if (folded) *folded = (*model)->norms_folded();
   testing::SequenceRunner seq(**model, 32, 4);
   std::vector<float> out = seq.feed({3, 17, 5, 9, 200, 44, 8, 1, 90}, true);
   for (int32_t t : {7, 300, 12}) {
@@ -228,6 +255,64 @@ TEST(FusedResidual, ProfilingBackendForwardsTheNormFold) {
   EXPECT_EQ(run(prof, "llama", &layers), want);
   EXPECT_EQ(rec.calls["rms_norm_matmul"], 1 + 4 * layers);
   EXPECT_EQ(rec.calls["rms_norm_matmul_silu_mul"], 4 * layers);
+}
+
+// Norm weights folded into w_qkv / w_gate_up (folds_norms): the norms'
+// per-row scale applied after the projections, by the ops reading them
+// (Backend's host defaults here). Not the same fp32 operations (the norm
+// weight multiplies the weights, the scale the products), so the logits
+// agree to fp32 rounding, not bit for bit. Folded where every layer has a
+// fused qkv without a bias (qwen2 has one: not folded, unchanged logits).
+// With the GEMV-size claim at one row, the decode steps run
+// rms_norm_matmul* with the unit norm weight and the prompt the scaled ops.
+TEST(FusedResidual, FoldedNormsScaleAfterTheProjectionsAndKeepTheLogits) {
+  for (const char* fixture : {"llama", "qwen2", "qwen3", "mistral"}) {
+    for (int64_t gemv_rows : {int64_t{0}, int64_t{1}}) {
+      FusionClaimingBackend plain(false), folded(true, gemv_rows > 0, true, gemv_rows);
+      int layers = 0;
+      bool was_folded = true;
+      const std::vector<float> want = run(plain, fixture, &layers, &was_folded);
+      EXPECT_FALSE(was_folded) << fixture;
+      const std::vector<float> got = run(folded, fixture, &layers, &was_folded);
+      ASSERT_EQ(got.size(), want.size()) << fixture;
+      const bool expect_fold = std::string(fixture) != "qwen2";
+      EXPECT_EQ(was_folded, expect_fold) << fixture;
+      double err = 0, ref = 0, max_abs = 0;
+      for (size_t i = 0; i < want.size(); ++i) {
+        err += (double{got[i]} - want[i]) * (double{got[i]} - want[i]);
+        ref += double{want[i]} * want[i];
+        max_abs = std::max(max_abs, std::fabs(double{got[i]} - want[i]));
+      }
+      EXPECT_LE(std::sqrt(err / ref), 2e-6) << fixture << " gemv_rows " << gemv_rows << " max abs " << max_abs;
+      EXPECT_GT(ref, 0.0) << fixture;
+      const int prompt_steps = 1, decode_steps = 3;
+      const int scaled_steps = gemv_rows > 0 ? prompt_steps : prompt_steps + decode_steps;
+      if (expect_fold) {
+        EXPECT_EQ(folded.calls["scale_columns"], 2 * layers) << fixture;
+        EXPECT_EQ(folded.calls["rms_scaled_qkv_rope_kv_write"], scaled_steps * layers) << fixture;
+        EXPECT_EQ(folded.calls["rms_scaled_silu_mul"], scaled_steps * layers) << fixture;
+        EXPECT_EQ(folded.calls["rms_norm_matmul"], (4 - scaled_steps) * layers) << fixture;
+        // Only the final norm runs as rms_norm, plus the GEMV-size steps' norms through the default.
+        EXPECT_EQ(folded.calls["rms_norm"], 4 + (4 - scaled_steps) * 2 * layers) << fixture;
+      } else {
+        EXPECT_EQ(folded.calls["scale_columns"], 0) << fixture;
+        EXPECT_EQ(folded.calls["rms_scaled_qkv_rope_kv_write"], 0) << fixture;
+        EXPECT_EQ(folded.calls["rms_scaled_silu_mul"], 0) << fixture;
+      }
+    }
+  }
+}
+
+TEST(FusedResidual, FoldNeedsTheFusedResidual) {
+  // folds_norms without fuses_matmul_add: resid lacks the last projection
+  // between the norms, so the model keeps the norms (and the logits).
+  FusionClaimingBackend plain(false), fold_only(false, false, true);
+  int layers = 0;
+  bool was_folded = true;
+  const std::vector<float> want = run(plain, "llama", &layers);
+  EXPECT_EQ(run(fold_only, "llama", &layers, &was_folded), want);
+  EXPECT_FALSE(was_folded);
+  EXPECT_EQ(fold_only.calls["scale_columns"], 0);
 }
 
 }  // namespace
