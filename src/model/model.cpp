@@ -338,19 +338,18 @@ bool model_owns(const Tensor& t, const std::vector<std::vector<uint8_t>>& owned,
 
 // Folds the attention and MLP norm weights into w_qkv and w_gate_up where
 // the backend asks for it (Backend::folds_norms): the product of the raw
-// residual is then scaled per row by the op reading it, and no norm pass
-// runs at GEMM-size steps. Only where every layer has the fused q/k/v
-// projection without a bias (a bias is added after the product, so it would
-// be scaled too), the o and down projections add into the residual inside
-// their GEMMs (resid then holds the whole residual the norms read), and the
-// weights are float matrices this model owns.
+// residual is then scaled per row by the op reading it (which adds a qkv
+// bias after the scale), and no norm pass runs at GEMM-size steps. Only
+// where every layer has the fused q/k/v projection, the o and down
+// projections add into the residual inside their GEMMs (resid then holds
+// the whole residual the norms read), and the weights are float matrices
+// this model owns.
 Status Model::fold_norms(Impl& m, ops::Backend& be, DType act, int64_t d) {
   if (!be.folds_norms(act) || !be.fuses_matmul_add(act) || m.any_unfused || m.layers.empty()) return {};
   for (const LayerWeights& L : m.layers) {
     for (const Tensor* w : {&L.w_qkv, &L.w_gate_up}) {
       if (!w->defined() || !is_float_dtype(w->dtype()) || !model_owns(*w, m.owned, m.device_allocations)) return {};
     }
-    if (L.b_qkv.defined()) return {};
   }
   std::vector<float> ones(static_cast<size_t>(d), 1.0f);
   void* p = be.alloc(ones.size() * sizeof(float));
@@ -625,9 +624,10 @@ Tensor Model::forward(const ForwardBatch& batch, KvCache& kv) {
       // One GEMM for q, k, v (the norm folded in where the backend can);
       // norm + RoPE + KV page write in one kernel.
       if (scale_after) {
-        be.matmul(resid, L.w_qkv, L.b_qkv, qkv);  // no bias where folded
-        be.rms_scaled_qkv_rope_kv_write(resid, c.rms_norm_eps, qkv, L.q_norm, L.k_norm, c.rms_norm_eps, m.rope,
-                                        batch.attn, kv.layers[l], q3);
+        // The bias after the row scale, in the op that applies it.
+        be.matmul(resid, L.w_qkv, Tensor(), qkv);
+        be.rms_scaled_qkv_rope_kv_write(resid, c.rms_norm_eps, qkv, L.b_qkv, L.q_norm, L.k_norm, c.rms_norm_eps,
+                                        m.rope, batch.attn, kv.layers[l], q3);
       } else {
         if (fused_norm) {
           be.rms_norm_matmul(resid, L.attn_norm, c.rms_norm_eps, L.w_qkv, L.b_qkv, normed, qkv);

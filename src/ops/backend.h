@@ -191,13 +191,16 @@ class Backend {
   // place; scale [k] F32. This default: host memory (the CPU's "device").
   virtual void scale_columns(Tensor& w, const Tensor& scale);
   // qkv_rope_kv_write of qkv with each row t first multiplied by inv_t of
-  // x[t, :] (x_eps) and rounded to qkv's dtype, the values a projection of
-  // rms_norm(x) outputs up to rounding. x [n, d] of qkv's dtype; qkv is
-  // left unchanged. This default: host memory (scaled copy, then
+  // x[t, :] (x_eps), plus qkv_bias [cols] F32 where defined, and rounded to
+  // qkv's dtype: the values a projection of rms_norm(x) with that bias
+  // outputs, up to rounding (the bias is not scaled, so the projection
+  // before runs without it). x [n, d] of qkv's dtype; qkv is left
+  // unchanged. This default: host memory (scaled copy, then
   // qkv_rope_kv_write).
-  virtual void rms_scaled_qkv_rope_kv_write(const Tensor& x, float x_eps, const Tensor& qkv, const Tensor& q_norm,
-                                            const Tensor& k_norm, float eps, const RopeTable& rope,
-                                            const AttentionBatch& batch, LayerKv& kv, Tensor& q_out);
+  virtual void rms_scaled_qkv_rope_kv_write(const Tensor& x, float x_eps, const Tensor& qkv, const Tensor& qkv_bias,
+                                            const Tensor& q_norm, const Tensor& k_norm, float eps,
+                                            const RopeTable& rope, const AttentionBatch& batch, LayerKv& kv,
+                                            Tensor& q_out);
   // out[n, f] = silu(g) * u where g = gate_up[t, :f] and u = gate_up[t, f:]
   // are each first multiplied by inv_t of x[t, :] (x_eps) and rounded to
   // gate_up's dtype. x [n, d] of gate_up's dtype. This default: host memory

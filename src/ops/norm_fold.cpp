@@ -48,18 +48,29 @@ std::vector<float> row_inv_rms(const Tensor& x, float eps) {
   return inv;
 }
 
-// A host copy of y with row t multiplied by inv[t], rounded to y's dtype.
+// A host copy of y with row t multiplied by inv[t] (plus bias [cols] F32
+// where defined), rounded to y's dtype.
 struct ScaledRows {
   std::vector<uint8_t> bytes;
   Tensor t;
-  ScaledRows(const Tensor& y, const std::vector<float>& inv) : bytes(static_cast<size_t>(y.nbytes())) {
+  ScaledRows(const Tensor& y, const std::vector<float>& inv, const Tensor& bias = Tensor())
+      : bytes(static_cast<size_t>(y.nbytes())) {
     check_host(y, "rms scaled rows");
     OSP_CHECK_EQ(static_cast<int64_t>(inv.size()), y.rows());
+    const float* b = nullptr;
+    if (bias.defined()) {
+      check_host(bias, "rms scaled rows bias");
+      OSP_CHECK(bias.dtype() == DType::kF32);
+      OSP_CHECK_EQ(bias.numel(), y.cols());
+      b = bias.data_as<float>();
+    }
     const int64_t shape[2] = {y.rows(), y.cols()};
     t = Tensor(bytes.data(), y.dtype(), shape, 2, Device::kCpu);
     for (int64_t r = 0; r < y.rows(); ++r) {
       for (int64_t i = 0; i < y.cols(); ++i) {
-        store(y.dtype(), t.row(r), i, load(y.dtype(), y.row(r), i) * inv[static_cast<size_t>(r)]);
+        const float v = load(y.dtype(), y.row(r), i);
+        const float s = inv[static_cast<size_t>(r)];
+        store(y.dtype(), t.row(r), i, b ? std::fmaf(v, s, b[i]) : v * s);
       }
     }
   }
@@ -78,11 +89,12 @@ void Backend::scale_columns(Tensor& w, const Tensor& scale) {
   }
 }
 
-void Backend::rms_scaled_qkv_rope_kv_write(const Tensor& x, float x_eps, const Tensor& qkv, const Tensor& q_norm,
-                                           const Tensor& k_norm, float eps, const RopeTable& rope,
-                                           const AttentionBatch& batch, LayerKv& kv, Tensor& q_out) {
+void Backend::rms_scaled_qkv_rope_kv_write(const Tensor& x, float x_eps, const Tensor& qkv, const Tensor& qkv_bias,
+                                           const Tensor& q_norm, const Tensor& k_norm, float eps,
+                                           const RopeTable& rope, const AttentionBatch& batch, LayerKv& kv,
+                                           Tensor& q_out) {
   OSP_CHECK_EQ(x.rows(), qkv.rows());
-  ScaledRows scaled(qkv, row_inv_rms(x, x_eps));
+  ScaledRows scaled(qkv, row_inv_rms(x, x_eps), qkv_bias);
   qkv_rope_kv_write(scaled.t, q_norm, k_norm, eps, rope, batch, kv, q_out);
 }
 

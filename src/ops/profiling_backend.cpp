@@ -356,12 +356,12 @@ void ProfilingBackend::qkv_rope_kv_write(const Tensor& qkv, const Tensor& q_norm
 }
 
 void ProfilingBackend::rms_scaled_qkv_rope_kv_write(const Tensor& x, float x_eps, const Tensor& qkv,
-                                                    const Tensor& q_norm, const Tensor& k_norm, float eps,
-                                                    const RopeTable& rope, const AttentionBatch& batch, LayerKv& kv,
-                                                    Tensor& q_out) {
+                                                    const Tensor& qkv_bias, const Tensor& q_norm,
+                                                    const Tensor& k_norm, float eps, const RopeTable& rope,
+                                                    const AttentionBatch& batch, LayerKv& kv, Tensor& q_out) {
   const double written = static_cast<double>(qkv.rows()) * kv_bytes_per_position(kv);
-  timed("rms_scale+qkv_rope_kv_write", nbytes(x) + nbytes(qkv) + nbytes(q_out) + written, 0, [&] {
-    inner_->rms_scaled_qkv_rope_kv_write(x, x_eps, qkv, q_norm, k_norm, eps, rope, batch, kv, q_out);
+  timed("rms_scale+qkv_rope_kv_write", nbytes(x) + nbytes(qkv) + nbytes(qkv_bias) + nbytes(q_out) + written, 0, [&] {
+    inner_->rms_scaled_qkv_rope_kv_write(x, x_eps, qkv, qkv_bias, q_norm, k_norm, eps, rope, batch, kv, q_out);
   });
 }
 

@@ -135,8 +135,8 @@ class ProfilingBackend final : public Backend {
   // their plain op's plus x once).
   bool folds_norms(DType act) const override { return inner_->folds_norms(act); }
   void scale_columns(Tensor& w, const Tensor& scale) override { inner_->scale_columns(w, scale); }
-  void rms_scaled_qkv_rope_kv_write(const Tensor& x, float x_eps, const Tensor& qkv, const Tensor& q_norm,
-                                    const Tensor& k_norm, float eps, const RopeTable& rope,
+  void rms_scaled_qkv_rope_kv_write(const Tensor& x, float x_eps, const Tensor& qkv, const Tensor& qkv_bias,
+                                    const Tensor& q_norm, const Tensor& k_norm, float eps, const RopeTable& rope,
                                     const AttentionBatch& batch, LayerKv& kv, Tensor& q_out) override;
   void rms_scaled_silu_mul(const Tensor& x, float x_eps, const Tensor& gate_up, Tensor& out) override;
   void head_rms_norm(Tensor& x, const Tensor& w, float eps) override;

@@ -305,11 +305,11 @@ std::vector<int32_t> qkv_slots(int n, int num_slots, uint32_t seed) {
 // The op on the raw projection against qkv_rope_kv_write of the rows scaled
 // on the host (inv_t exact, values rounded to t): q_out and both page pools
 // bit for bit, pages of the activation dtype.
-void check_qkv(ops::Backend& gpu, DType t, const QkvCase& c, int n) {
+void check_qkv(ops::Backend& gpu, DType t, const QkvCase& c, int n, bool with_bias) {
   const std::string what = std::string(dtype_name(t)) + " " + c.path + " hq=" + std::to_string(c.hq) +
                            " hk=" + std::to_string(c.hk) + " hd=" + std::to_string(c.hd) +
                            " rot=" + std::to_string(c.rotary_dim) + (c.norm ? " norm" : "") +
-                           " d=" + std::to_string(c.d) + " n=" + std::to_string(n);
+                           " d=" + std::to_string(c.d) + " n=" + std::to_string(n) + (with_bias ? " bias" : "");
   const int bs = 4, num_blocks = std::max(16, n / bs + 4), num_slots = bs * num_blocks;
   ASSERT_LE(n, num_slots);
   const int64_t cols = int64_t{c.hq + 2 * c.hk} * c.hd;
@@ -317,11 +317,14 @@ void check_qkv(ops::Backend& gpu, DType t, const QkvCase& c, int n) {
   const auto x = exact_rows(n, c.d, 60 + static_cast<uint32_t>(c.hd), &rms);
   const auto qkv = raw_product(t, n, cols, rms, 61 + static_cast<uint32_t>(c.hq));
   const auto inv = host_inv_rms(x, n, c.d, kXEps);
+  // The bias (Qwen2's qkv bias) is added after the scale, as fmaf(v, inv, b).
+  const auto bias = random_floats(static_cast<size_t>(cols), 65, -0.5f, 0.5f);
   std::vector<float> scaled(qkv.size());
   for (int64_t r = 0; r < n; ++r) {
     for (int64_t i = 0; i < cols; ++i) {
       const size_t e = static_cast<size_t>(r * cols + i);
-      scaled[e] = round_act(t, qkv[e] * inv[static_cast<size_t>(r)]);
+      const float s = inv[static_cast<size_t>(r)];
+      scaled[e] = round_act(t, with_bias ? std::fmaf(qkv[e], s, bias[static_cast<size_t>(i)]) : qkv[e] * s);
     }
   }
   std::vector<int32_t> pos(static_cast<size_t>(n));
@@ -332,7 +335,8 @@ void check_qkv(ops::Backend& gpu, DType t, const QkvCase& c, int n) {
   const auto kn = random_floats(static_cast<size_t>(c.hd), 64, 0.5f, 1.5f);
 
   auto gpos = upload(gpu, pos), gslots = upload(gpu, slots), gfreq = upload(gpu, inv_freq);
-  auto gqn = upload(gpu, qn), gkn = upload(gpu, kn);
+  auto gqn = upload(gpu, qn), gkn = upload(gpu, kn), gbias = upload(gpu, bias);
+  const Tensor qkv_bias = with_bias ? dev_tensor(gbias, DType::kF32, {cols}) : Tensor();
   auto gx = upload_act(gpu, t, x), graw = upload_act(gpu, t, qkv), gscaled = upload_act(gpu, t, scaled);
   ops::AttentionBatch b;
   b.num_tokens = n;
@@ -354,8 +358,8 @@ void check_qkv(ops::Backend& gpu, DType t, const QkvCase& c, int n) {
     ops::LayerKv kv{dev_tensor(o.k, t, {num_blocks, bs, c.hk, c.hd}), dev_tensor(o.v, t, {num_blocks, bs, c.hk, c.hd})};
     Tensor q = dev_tensor(o.q, t, {n, c.hq, c.hd});
     if (fused) {
-      gpu.rms_scaled_qkv_rope_kv_write(dev_tensor(gx, t, {n, c.d}), kXEps, dev_tensor(graw, t, {n, cols}), q_norm,
-                                       k_norm, 1e-6f, rt, b, kv, q);
+      gpu.rms_scaled_qkv_rope_kv_write(dev_tensor(gx, t, {n, c.d}), kXEps, dev_tensor(graw, t, {n, cols}), qkv_bias,
+                                       q_norm, k_norm, 1e-6f, rt, b, kv, q);
     } else {
       gpu.qkv_rope_kv_write(dev_tensor(gscaled, t, {n, cols}), q_norm, k_norm, 1e-6f, rt, b, kv, q);
     }
@@ -396,7 +400,8 @@ TEST_F(NormFold, RmsScaledQkvRopeKvWriteMatchesScaledRows) {
   for (DType t : {DType::kBF16, DType::kF16}) {
     for (const QkvCase& c : cases) {
       // 700 rows: the row factors from a pass of their own (above the backend's kRowScalePassRows).
-      for (int n : {1, 13, 700}) check_qkv(gpu(), t, c, n);
+      for (int n : {1, 13, 700}) check_qkv(gpu(), t, c, n, false);
+      for (int n : {1, 13, 700}) check_qkv(gpu(), t, c, n, true);  // with a qkv bias (Qwen2)
     }
   }
 }

@@ -376,10 +376,11 @@ const float* CudaBackend::row_inv_rms_pass(const Tensor& x, float eps) {
   return inv;
 }
 
-void CudaBackend::rms_scaled_qkv_rope_kv_write(const Tensor& x, float x_eps, const Tensor& qkv, const Tensor& q_norm,
-                                               const Tensor& k_norm, float eps, const ops::RopeTable& rope,
-                                               const ops::AttentionBatch& batch, ops::LayerKv& kv, Tensor& q_out) {
-  run_qkv_rope(&x, x_eps, qkv, q_norm, k_norm, eps, rope, batch, kv, q_out);
+void CudaBackend::rms_scaled_qkv_rope_kv_write(const Tensor& x, float x_eps, const Tensor& qkv, const Tensor& qkv_bias,
+                                               const Tensor& q_norm, const Tensor& k_norm, float eps,
+                                               const ops::RopeTable& rope, const ops::AttentionBatch& batch,
+                                               ops::LayerKv& kv, Tensor& q_out) {
+  run_qkv_rope(&x, x_eps, &qkv_bias, qkv, q_norm, k_norm, eps, rope, batch, kv, q_out);
 }
 
 void CudaBackend::rms_scaled_silu_mul(const Tensor& x, float x_eps, const Tensor& gate_up, Tensor& out) {
@@ -404,11 +405,11 @@ void CudaBackend::rms_scaled_silu_mul(const Tensor& x, float x_eps, const Tensor
 void CudaBackend::qkv_rope_kv_write(const Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm, float eps,
                                     const ops::RopeTable& rope, const ops::AttentionBatch& batch, ops::LayerKv& kv,
                                     Tensor& q_out) {
-  run_qkv_rope(nullptr, 0.0f, qkv, q_norm, k_norm, eps, rope, batch, kv, q_out);
+  run_qkv_rope(nullptr, 0.0f, nullptr, qkv, q_norm, k_norm, eps, rope, batch, kv, q_out);
 }
 
-void CudaBackend::run_qkv_rope(const Tensor* rms_x, float rms_eps, const Tensor& qkv, const Tensor& q_norm,
-                               const Tensor& k_norm, float eps, const ops::RopeTable& rope,
+void CudaBackend::run_qkv_rope(const Tensor* rms_x, float rms_eps, const Tensor* qkv_bias, const Tensor& qkv,
+                               const Tensor& q_norm, const Tensor& k_norm, float eps, const ops::RopeTable& rope,
                                const ops::AttentionBatch& batch, ops::LayerKv& kv, Tensor& q_out) {
   check_cuda_act(qkv, "qkv_rope_kv_write qkv");
   check_cuda_act(q_out, "qkv_rope_kv_write q_out");
@@ -438,6 +439,11 @@ void CudaBackend::run_qkv_rope(const Tensor* rms_x, float rms_eps, const Tensor&
     OSP_CHECK_EQ(rms_x->rows(), n);
     OSP_CHECK_GT(rms_x->cols(), 0);
   }
+  const bool bias = qkv_bias && qkv_bias->defined();
+  if (bias) {
+    check_cuda_f32(*qkv_bias, "rms_scaled_qkv_rope_kv_write qkv_bias");
+    OSP_CHECK_EQ(qkv_bias->numel(), qkv.cols());
+  }
   if (n == 0) return;
   bind_device();
   QkvRopeArgs a;
@@ -465,6 +471,7 @@ void CudaBackend::run_qkv_rope(const Tensor* rms_x, float rms_eps, const Tensor&
     a.rms_x = rms_x->data();
     a.rms_d = rms_x->cols();
     a.rms_eps = rms_eps;
+    if (bias) a.qkv_bias = qkv_bias->data_as<float>();
   }
   launch_qkv_rope_kv_write(a, stream_);
 }

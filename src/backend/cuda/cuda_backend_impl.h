@@ -75,8 +75,8 @@ class CudaBackend final : public ops::Backend {
   // One kernel, stream-ordered (elementwise/elementwise.cu).
   void scale_columns(Tensor& w, const Tensor& scale) override;
   // qkv_rope_kv_write's kernels with the row scale (rope/qkv_rope.cu).
-  void rms_scaled_qkv_rope_kv_write(const Tensor& x, float x_eps, const Tensor& qkv, const Tensor& q_norm,
-                                    const Tensor& k_norm, float eps, const ops::RopeTable& rope,
+  void rms_scaled_qkv_rope_kv_write(const Tensor& x, float x_eps, const Tensor& qkv, const Tensor& qkv_bias,
+                                    const Tensor& q_norm, const Tensor& k_norm, float eps, const ops::RopeTable& rope,
                                     const ops::AttentionBatch& batch, ops::LayerKv& kv, Tensor& q_out) override;
   // One kernel (elementwise/elementwise.cu): each block reduces its row of
   // x; above kRowScalePassRows rows a row-factor pass, then silu_mul.
@@ -134,11 +134,12 @@ class CudaBackend final : public ops::Backend {
   // (into row_inv_) where x has more rows than the reading kernels reduce
   // well themselves; null otherwise (the kernels reduce their rows).
   const float* row_inv_rms_pass(const Tensor& x, float eps);
-  // qkv_rope_kv_write (rms_x null) and rms_scaled_qkv_rope_kv_write (rms_x:
-  // the row-scale source x): the argument checks and the launch.
-  void run_qkv_rope(const Tensor* rms_x, float rms_eps, const Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm,
-                    float eps, const ops::RopeTable& rope, const ops::AttentionBatch& batch, ops::LayerKv& kv,
-                    Tensor& q_out);
+  // qkv_rope_kv_write (rms_x and qkv_bias null) and
+  // rms_scaled_qkv_rope_kv_write (rms_x: the row-scale source x; qkv_bias:
+  // added after the scale where defined): the argument checks and the launch.
+  void run_qkv_rope(const Tensor* rms_x, float rms_eps, const Tensor* qkv_bias, const Tensor& qkv,
+                    const Tensor& q_norm, const Tensor& k_norm, float eps, const ops::RopeTable& rope,
+                    const ops::AttentionBatch& batch, ops::LayerKv& kv, Tensor& q_out);
   // paged_attention's split plan and kernel launch for one (sub-)batch
   // (attention/attention_ops.cpp); decode: one query token per sequence.
   // Plans and launches one attention (sub-)batch: scratch reserved against

@@ -126,6 +126,10 @@ struct QkvRopeArgs {
   // The row factors computed before (launch_row_inv_rms), [n] fp32: used
   // instead of reducing rms_x (which is then ignored); null: none.
   const float* rms_inv = nullptr;
+  // With the row scale: [(hq + 2 hk) * hd] fp32 added to each scaled value
+  // before its rounding, fmaf(v, inv, bias) (the projection's bias, which
+  // the scale must not touch); null: none.
+  const float* qkv_bias = nullptr;
 };
 void launch_qkv_rope_kv_write(const QkvRopeArgs& args, cudaStream_t stream);
 

@@ -144,10 +144,11 @@ class ProfilingBackend final : public ops::Backend {
   // Forwarded, so the model folds the norms as it would unprofiled.
   bool folds_norms(DType act) const override { return b_.folds_norms(act); }
   void scale_columns(Tensor& w, const Tensor& s) override { b_.scale_columns(w, s); }
-  void rms_scaled_qkv_rope_kv_write(const Tensor& x, float xe, const Tensor& qkv, const Tensor& qn, const Tensor& kn,
-                                    float eps, const ops::RopeTable& rt, const ops::AttentionBatch& a,
+  void rms_scaled_qkv_rope_kv_write(const Tensor& x, float xe, const Tensor& qkv, const Tensor& bias, const Tensor& qn,
+                                    const Tensor& kn, float eps, const ops::RopeTable& rt, const ops::AttentionBatch& a,
                                     ops::LayerKv& kv, Tensor& q) override {
-    timed("rms_scale+qkv_rope_kv_write", [&] { b_.rms_scaled_qkv_rope_kv_write(x, xe, qkv, qn, kn, eps, rt, a, kv, q); });
+    timed("rms_scale+qkv_rope_kv_write",
+          [&] { b_.rms_scaled_qkv_rope_kv_write(x, xe, qkv, bias, qn, kn, eps, rt, a, kv, q); });
   }
   void rms_scaled_silu_mul(const Tensor& x, float xe, const Tensor& g, Tensor& o) override {
     timed("rms_scale+silu_mul", [&] { b_.rms_scaled_silu_mul(x, xe, g, o); });

@@ -65,7 +65,7 @@ class RecordingBackend final : public ops::Backend {
   }
   bool folds_norms(DType t) const override { return t == DType::kBF16; }
   void scale_columns(Tensor&, const Tensor&) override { hit("scale_columns"); }
-  void rms_scaled_qkv_rope_kv_write(const Tensor&, float, const Tensor&, const Tensor&, const Tensor&, float,
+  void rms_scaled_qkv_rope_kv_write(const Tensor&, float, const Tensor&, const Tensor&, const Tensor&, const Tensor&, float,
                                     const ops::RopeTable&, const ops::AttentionBatch&, ops::LayerKv&,
                                     Tensor&) override {
     hit("rms_scaled_qkv_rope_kv_write");
@@ -137,7 +137,7 @@ void call_every_op(ops::Backend& b) {
   b.convert(t, t);
   b.fill_uniform(t, 1, 0.0f, 1.0f);
   b.qkv_rope_kv_write(t, Tensor(), Tensor(), 1e-5f, rt, ab, kv, q3);
-  b.rms_scaled_qkv_rope_kv_write(t, 1e-5f, t, Tensor(), Tensor(), 1e-5f, rt, ab, kv, q3);
+  b.rms_scaled_qkv_rope_kv_write(t, 1e-5f, t, Tensor(), Tensor(), Tensor(), 1e-5f, rt, ab, kv, q3);
   b.rms_scaled_silu_mul(t, 1e-5f, t, t);
   b.copy_to_device_async(buf, buf, 4);
   b.copy_to_host_async(buf, buf, 4);

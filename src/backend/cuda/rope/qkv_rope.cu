@@ -31,7 +31,8 @@
 // qkv is then the projection of the raw residual x with the RMSNorm weight
 // folded into it, so each block first reduces its token's row of x to inv =
 // 1 / sqrt(mean(x^2) + rms_eps) (all threads, after pdl_wait: x is written
-// by the kernels before) and every q/k/v value v becomes v * inv rounded to
+// by the kernels before) and every q/k/v value v becomes v * inv (plus the
+// projection's bias, args.qkv_bias, where set) rounded to
 // the activation dtype, as a projection of the normed rows would have stored
 // it, before the head norm, RoPE and the stores. With args.rms_inv set the
 // factors were computed before (launch_row_inv_rms, for steps of many rows)
@@ -90,10 +91,12 @@ __global__ void __launch_bounds__(kWarps * 32) qkv_rope_kernel(QkvRopeArgs a) {
       v[c] = d < hd ? to_float(src[d]) : 0.0f;
     }
     if (scaled) {
-      // Rounded to T, as the projection of the normed rows stores it (dims past hd stay 0).
+      // Plus the bias, rounded to T, as the projection of the normed rows stores it (dims past hd stay 0).
+      const float* b = a.qkv_bias ? a.qkv_bias + static_cast<int64_t>(h) * hd : nullptr;
 #pragma unroll
       for (int c = 0; c < kChunks; ++c) {
-        if (lane + 32 * c < hd) v[c] = to_float(from_float<T>(v[c] * row_inv));
+        const int d = lane + 32 * c;
+        if (d < hd) v[c] = to_float(from_float<T>(b ? fmaf(v[c], row_inv, b[d]) : v[c] * row_inv));
       }
     }
     if (is_q || is_k) {
@@ -198,11 +201,12 @@ __global__ void __launch_bounds__(kVecThreads) qkv_rope_vec_kernel(QkvRopeArgs a
                               ? a.rms_inv[t]
                               : block_row_inv_rms(static_cast<const T*>(a.rms_x) + t * a.rms_d, a.rms_d, a.rms_eps, red);
     if (active) {
-      // Rounded to T, as the projection of the normed rows stores it.
+      // Plus the bias, rounded to T, as the projection of the normed rows stores it.
+      const float* b = a.qkv_bias ? a.qkv_bias + static_cast<int64_t>(h) * hd : nullptr;
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
-        v1[e] = to_float(from_float<T>(v1[e] * row_inv));
-        v2[e] = to_float(from_float<T>(v2[e] * row_inv));
+        v1[e] = to_float(from_float<T>(b ? fmaf(v1[e], row_inv, b[8 * j + e]) : v1[e] * row_inv));
+        v2[e] = to_float(from_float<T>(b ? fmaf(v2[e], row_inv, b[half + 8 * j + e]) : v2[e] * row_inv));
       }
     }
   }
