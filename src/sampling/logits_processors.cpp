@@ -69,11 +69,13 @@ void apply_frequency_presence(std::span<float> logits, const PenaltyState& state
 int32_t argmax(std::span<const float> logits) {
   // Pass 1: the maximum, with 8 independent lanes so the compiler can keep
   // them in one vector register (no NaN handling needed: a NaN never wins a
-  // comparison, as in the scalar loop). Pass 2: its first index (ties: lowest id).
+  // comparison, as in the scalar loop; the lanes start at -inf, not at
+  // logits[0], which may be a NaN that nothing would then replace). Pass 2:
+  // its first index (ties: lowest id).
   const size_t n = logits.size();
   if (n == 0) return 0;
   float lane[8];
-  for (float& l : lane) l = logits[0];
+  for (float& l : lane) l = -std::numeric_limits<float>::infinity();
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
     for (int j = 0; j < 8; ++j) lane[j] = logits[i + j] > lane[j] ? logits[i + j] : lane[j];

@@ -142,6 +142,41 @@ TEST_F(SamplingTest, GreedyEqualsHostArgmaxWithTies) {
   }
 }
 
+// The scan's 16-byte path and its tail (vocab 128258: two floats past the
+// last whole group; odd rows misaligned, so the one-float path too), with
+// NaN and -inf entries, a maximum in the tail, ties across the vectorised
+// groups, an all -inf row and an all-NaN row: the host's greedy choice and
+// logprobs each time.
+TEST_F(SamplingTest, GreedyScanPathsWithNanInfAndTail) {
+  const int64_t vocab = 128258;
+  const int rows = 8;
+  std::vector<float> logits = random_floats(static_cast<size_t>(rows) * vocab, 77, -3.0f, 3.0f);
+  auto row = [&](int r) { return logits.data() + static_cast<size_t>(r) * vocab; };
+  for (int r = 0; r < rows; ++r) {
+    for (int64_t i = r; i < vocab; i += 997) row(r)[i] = std::numeric_limits<float>::quiet_NaN();
+    for (int64_t i = 3 * r + 1; i < vocab; i += 1009) row(r)[i] = -std::numeric_limits<float>::infinity();
+  }
+  row(0)[vocab - 1] = 9.0f;                      // the maximum in the tail
+  row(1)[4 * 512 * 4 + 3] = row(1)[70001] = 9.0f;  // a tie across groups: the lower id
+  row(2)[5] = 9.0f;                              // the first group
+  for (int64_t i = 0; i < vocab; ++i) row(3)[i] = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < vocab; ++i) row(4)[i] = std::numeric_limits<float>::quiet_NaN();
+  std::vector<HostRow> hr(rows);
+  for (int r = 0; r < rows; ++r) {
+    hr[r].p.temperature = 0.0f;
+    hr[r].p.logprobs = r % 2 == 0 ? 3 : -1;
+    hr[r].logit_row = r;
+  }
+  DeviceOut d = run(logits, vocab, hr);
+  for (int r = 0; r < rows; ++r) {
+    const SampleResult h = host_sample(logits, vocab, hr[r]);
+    EXPECT_EQ(d.results[r].token, h.token) << "row " << r;
+  }
+  EXPECT_EQ(d.results[0].token, vocab - 1);
+  EXPECT_EQ(d.results[1].token, 4 * 512 * 4 + 3);
+  EXPECT_EQ(d.results[2].token, 5);
+}
+
 TEST_F(SamplingTest, ProcessedRowsBitIdenticalAndGreedyEqual) {
   const int64_t vocab = 5003;
   const int rows = 8;

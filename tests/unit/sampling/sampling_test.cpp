@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <numeric>
 #include <random>
@@ -56,6 +57,25 @@ TEST(Processors, LogitBiasAndMask) {
 TEST(Processors, ArgmaxTiesGoToLowestId) {
   std::vector<float> l = {1.0f, 3.0f, 2.0f, 3.0f};
   EXPECT_EQ(argmax(l), 1);
+}
+
+// NaN never wins, wherever it sits: a NaN first entry (which used to seed
+// every lane of the vectorised pass and hide the maximum), NaNs around the
+// maximum in the 8-wide body and the tail, all NaN (0), all -inf (0).
+TEST(Processors, ArgmaxSkipsNanAnywhere) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  std::vector<float> l(21, 0.5f);
+  l[0] = nan;
+  l[13] = 7.0f;
+  EXPECT_EQ(argmax(l), 13);
+  l[13] = nan;
+  l[20] = 6.0f;  // the tail past the last 8-wide group
+  EXPECT_EQ(argmax(l), 20);
+  std::vector<float> all_nan(19, nan), all_inf(19, -inf);
+  EXPECT_EQ(argmax(all_nan), 0);
+  EXPECT_EQ(argmax(all_inf), 0);
+  all_inf[11] = -1.0f;
+  EXPECT_EQ(argmax(all_inf), 11);
 }
 
 // Straightforward reference: softmax with temperature, min-p, then top-k,

@@ -103,16 +103,55 @@ struct Shared {
   int token;
 };
 
+// Calls f(value, id) for every id < V of row x. 16-byte loads, kUnroll of
+// them in flight per thread, where x is 16-byte aligned (a row of logits:
+// the scan is bound by the bytes in flight, with one block per row and
+// often fewer rows than SMs); one float at a time otherwise and for the
+// tail. The order of the calls is not the id order: f must not depend on it.
+template <class F>
+__device__ __forceinline__ void for_each_logit(const float* x, int64_t V, F f) {
+  constexpr int kUnroll = 4;
+  int64_t tail = 0;
+  if ((reinterpret_cast<uintptr_t>(x) & 15u) == 0) {
+    const int64_t v4 = V / 4;
+    const float4* x4 = reinterpret_cast<const float4*>(x);
+    int64_t j = threadIdx.x;
+    for (; j + (kUnroll - 1) * kThreads < v4; j += kUnroll * kThreads) {
+      float4 q[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) q[u] = x4[j + u * kThreads];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t i = 4 * (j + u * kThreads);
+        f(q[u].x, i);
+        f(q[u].y, i + 1);
+        f(q[u].z, i + 2);
+        f(q[u].w, i + 3);
+      }
+    }
+    for (; j < v4; j += kThreads) {
+      const float4 q = x4[j];
+      f(q.x, 4 * j);
+      f(q.y, 4 * j + 1);
+      f(q.z, 4 * j + 2);
+      f(q.w, 4 * j + 3);
+    }
+    tail = 4 * v4;
+  }
+  for (int64_t i = tail + threadIdx.x; i < V; i += kThreads) f(x[i], i);
+}
+
 // The block's best (value desc, id asc) over ids whose (value, id) sorts
-// after (pv, pi); pi < 0: over all. NaN never counts.
+// after (pv, pi); pi < 0: over all. NaN never counts. The comparison is a
+// total order on (value, id), so the result does not depend on which thread
+// saw which id.
 __device__ Best block_best(Shared& sh, const float* x, int64_t V, float pv, int pi) {
   Best b{-INFINITY, INT_MAX};
-  for (int64_t i = threadIdx.x; i < V; i += kThreads) {
-    const float v = x[i];
-    if (v != v) continue;
-    if (pi >= 0 && !(v < pv || (v == pv && i > pi))) continue;
+  for_each_logit(x, V, [&](float v, int64_t i) {
+    if (v != v) return;
+    if (pi >= 0 && !(v < pv || (v == pv && i > pi))) return;
     if (v > b.v || (v == b.v && i < b.i)) b = Best{v, static_cast<int>(i)};
-  }
+  });
   const Best r = ReduceBest(sh.tmp.best).Reduce(b, BetterOp());
   if (threadIdx.x == 0) sh.best = r;
   __syncthreads();
@@ -121,12 +160,18 @@ __device__ Best block_best(Shared& sh, const float* x, int64_t V, float pv, int 
   return out;
 }
 
+// The greedy token: block_best over all ids, 0 where every value is NaN
+// (as the host's argmax).
+__device__ int greedy_token(Shared& sh, const float* x, int64_t V) {
+  const int i = block_best(sh, x, V, 0.0f, -1).i;
+  return i == INT_MAX ? 0 : i;
+}
+
 __device__ float block_max(Shared& sh, const float* x, int64_t V) {
   float m = -INFINITY;
-  for (int64_t i = threadIdx.x; i < V; i += kThreads) {
-    const float v = x[i];
+  for_each_logit(x, V, [&](float v, int64_t) {
     if (v > m) m = v;  // NaN never wins
-  }
+  });
   const float r = ReduceF(sh.tmp.f).Reduce(m, MaxOp());
   if (threadIdx.x == 0) sh.f = r;
   __syncthreads();
@@ -211,7 +256,7 @@ __device__ void scan_ties(Shared& sh, const Dist& d, Chunk c, uint32_t cut_key) 
 
 __device__ int sample_row(Shared& sh, const float* x, int64_t V, const DeviceSampleRow& row) {
   const float m = block_max(sh, x, V);
-  if (!isfinite(m)) return block_best(sh, x, V, 0.0f, -1).i;  // nothing finite: greedy, as the host does
+  if (!isfinite(m)) return greedy_token(sh, x, V);  // nothing finite: greedy, as the host does
   Dist d{x, m, 1.0 / static_cast<double>(row.temperature),
          row.min_p > 0.0f ? log(static_cast<double>(row.min_p)) : -INFINITY};
   const Chunk c = my_chunk(V);
@@ -348,7 +393,7 @@ __device__ int sample_row(Shared& sh, const float* x, int64_t V, const DeviceSam
   int token = sh.token;
   __syncthreads();
   if (token < 0) {  // every kept weight rounded to 0 in fixed point: the best token
-    token = block_best(sh, x, V, 0.0f, -1).i;
+    token = greedy_token(sh, x, V);
   }
   return token;
 }
@@ -399,7 +444,7 @@ __global__ void __launch_bounds__(kThreads) sampler_kernel(SamplerArgs a) {
     x = s;
   }
 
-  const int token = row.temperature <= kGreedyTemperature ? block_best(sh, x, V, 0.0f, -1).i : sample_row(sh, x, V, row);
+  const int token = row.temperature <= kGreedyTemperature ? greedy_token(sh, x, V) : sample_row(sh, x, V, row);
   if (threadIdx.x == 0) a.tokens[blockIdx.x] = token;
   if (row.num_logprobs < 0) return;
 
