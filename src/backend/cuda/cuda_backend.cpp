@@ -399,7 +399,7 @@ void CudaBackend::rms_scaled_silu_mul(const Tensor& x, float x_eps, const Tensor
     return;
   }
   launch_rms_scaled_silu_mul(out.dtype(), x.data(), x.cols(), x_eps, gate_up.data(), out.rows(), out.cols(),
-                             out.data(), num_sms_, stream_);
+                             out.data(), stream_);
 }
 
 void CudaBackend::qkv_rope_kv_write(const Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm, float eps,

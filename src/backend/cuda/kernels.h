@@ -34,11 +34,12 @@ void launch_silu_mul(DType act, const void* gate_up, int64_t n, int64_t f, void*
 // launch_silu_mul of gate_up with row t first scaled by inv_t = 1 /
 // sqrt(mean(x[t, :]^2) + x_eps): g = gate_up[t, j] * inv_t and u =
 // gate_up[t, f + j] * inv_t each rounded to act, out[t, j] = silu(g) * u
-// rounded once. x [n, d] of act. Blocks (chunk of columns, row): each
-// reduces its row of x, then its chunk; the grid depends on n, f and
-// num_sms (the device's SM count) only.
+// rounded once. x [n, d] of act. Blocks (chunk of columns, row), one column
+// group a thread: each reduces its row of x, then its chunk; the grid
+// depends on n and f only. For decode-size steps (the backend computes the
+// factors in a pass of their own above kRowScalePassRows rows).
 void launch_rms_scaled_silu_mul(DType act, const void* x, int64_t d, float x_eps, const void* gate_up, int64_t n,
-                                int64_t f, void* out, int num_sms, cudaStream_t stream);
+                                int64_t f, void* out, cudaStream_t stream);
 
 // w[r, i] = w[r, i] * scale[i] rounded to dtype (F32, F16 or BF16), in place,
 // for count elements of rows of k columns (count % k == 0); scale [k] fp32.
