@@ -179,6 +179,13 @@ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
     }                                                                                      \
   } while (0)
 
+// silu(g) * u in fp32: the one expression every SiLU-and-mul kernel uses
+// (elementwise/elementwise.cu, gemm/gemv.cu), so their outputs agree bit for
+// bit after the same rounding.
+__device__ __forceinline__ float silu_mul_value(float g, float u) {
+  return g / (1.0f + expf(-g)) * u;
+}
+
 // Eight consecutive values p[0..8) stored from fp32, each rounded to T; p
 // 16-byte aligned (32 for float). The counterpart of load8_act.
 template <class T>

@@ -36,8 +36,8 @@ void launch_silu_mul(DType act, const void* gate_up, int64_t n, int64_t f, void*
 // gate_up[t, f + j] * inv_t each rounded to act, out[t, j] = silu(g) * u
 // rounded once. x [n, d] of act. Blocks (chunk of columns, row), one column
 // group a thread: each reduces its row of x, then its chunk; the grid
-// depends on n and f only. For decode-size steps (the backend computes the
-// factors in a pass of their own above kRowScalePassRows rows).
+// depends on n and f only. For decode-size steps, n <= 65535 (the backend
+// computes the factors in a pass of their own above kRowScalePassRows rows).
 void launch_rms_scaled_silu_mul(DType act, const void* x, int64_t d, float x_eps, const void* gate_up, int64_t n,
                                 int64_t f, void* out, cudaStream_t stream);
 

@@ -70,73 +70,59 @@ __global__ void silu_mul_x8_kernel(const T* __restrict__ gate_up, int64_t n, int
       const float s = inv[r];
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
-        g[e] = to_float(from_float<T>(g[e] * s));
-        u[e] = to_float(from_float<T>(u[e] * s));
+        g[e] = rms_scale_round<T>(g[e], s);
+        u[e] = rms_scale_round<T>(u[e], s);
       }
     }
-    alignas(16) T o[8];
+    float o[8];
 #pragma unroll
-    for (int e = 0; e < 8; ++e) o[e] = from_float<T>(g[e] / (1.0f + expf(-g[e])) * u[e]);
-    *reinterpret_cast<uint4*>(out + i * 8) = *reinterpret_cast<const uint4*>(o);
+    for (int e = 0; e < 8; ++e) o[e] = silu_mul_value(g[e], u[e]);
+    store8_act<T>(out + i * 8, o);
   }
 }
 
 // silu_mul of gate_up rows scaled by the RMS factor of x's rows (the
 // projection of the raw residual x with the MLP norm weight folded into
-// w_gate_up). Grid (chunks, rows): block (b, y) takes columns [b * per_block,
-// (b + 1) * per_block) of rows y, y + gridDim.y, ... (gridDim.y <= 65535).
-// Per row, the whole block first reduces x[t, :] to inv (block_row_inv_rms),
-// then each value of its chunk: g and u scaled by inv and rounded to T (as a
-// projection of the normed row stores them), out = silu(g) * u rounded once,
-// the expression of silu_mul_x8_kernel. kVec: T 16-bit, f and per_block
-// multiples of 8, gate_up and out 16-byte aligned; 8 columns per step with
-// 16-byte loads and stores. Otherwise one column per step.
+// w_gate_up), for decode-size steps. Grid (chunks, rows): block (b, t) takes
+// columns [b * per_block, (b + 1) * per_block) of row t, one column group a
+// thread (8 columns with kVec: T 16-bit, f and per_block multiples of 8,
+// gate_up and out 16-byte aligned; else 1). The group's loads are issued
+// first, then the whole block reduces x[t, :] to inv (block_row_inv_rms),
+// then g and u are scaled and rounded (rms_scale_round) and out = silu(g) *
+// u rounded once, as silu_mul_x8_kernel with precomputed factors.
 template <class T, bool kVec>
 __global__ void __launch_bounds__(kThreads)
     rms_scaled_silu_mul_kernel(const T* __restrict__ x, int64_t d, float x_eps, const T* __restrict__ gate_up,
-                               int64_t n, int64_t f, int64_t per_block, T* __restrict__ out) {
+                               int64_t f, int64_t per_block, T* __restrict__ out) {
+  constexpr int kUnit = kVec ? 8 : 1;
   __shared__ float red[32];
   pdl_launch_dependents();
   pdl_wait();
+  const int64_t t = blockIdx.y;
   const int64_t c0 = static_cast<int64_t>(blockIdx.x) * per_block;
-  const int64_t c1 = min(f, c0 + per_block);
-  for (int64_t t = blockIdx.y; t < n; t += gridDim.y) {
-    const T* g_row = gate_up + t * 2 * f;
-    const T* u_row = g_row + f;
-    T* o_row = out + t * f;
+  const int64_t c = c0 + static_cast<int64_t>(threadIdx.x) * kUnit;
+  const bool active = c < min(f, c0 + per_block);
+  const T* g_row = gate_up + t * 2 * f;
+  const T* u_row = g_row + f;
+  float g[kUnit], u[kUnit];
+  if (active) {
     if constexpr (kVec) {
-      const int64_t step = static_cast<int64_t>(blockDim.x) * 8;
-      int64_t c = c0 + static_cast<int64_t>(threadIdx.x) * 8;
-      float g[8], u[8];
-      // The first group's loads are in flight during the reduction; each
-      // later group's during the previous group's stores.
-      if (c < c1) {
-        load8_act<T>(g_row + c, g);
-        load8_act<T>(u_row + c, u);
-      }
-      const float inv = block_row_inv_rms(x + t * d, d, x_eps, red);
-      for (; c < c1; c += step) {
-        float o[8];
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          const float gs = to_float(from_float<T>(g[e] * inv));
-          const float us = to_float(from_float<T>(u[e] * inv));
-          o[e] = gs / (1.0f + expf(-gs)) * us;
-        }
-        if (c + step < c1) {
-          load8_act<T>(g_row + c + step, g);
-          load8_act<T>(u_row + c + step, u);
-        }
-        store8_act<T>(o_row + c, o);
-      }
+      load8_act<T>(g_row + c, g);
+      load8_act<T>(u_row + c, u);
     } else {
-      const float inv = block_row_inv_rms(x + t * d, d, x_eps, red);
-      for (int64_t c = c0 + threadIdx.x; c < c1; c += blockDim.x) {
-        const float gs = to_float(from_float<T>(to_float(g_row[c]) * inv));
-        const float us = to_float(from_float<T>(to_float(u_row[c]) * inv));
-        o_row[c] = from_float<T>(gs / (1.0f + expf(-gs)) * us);
-      }
+      g[0] = to_float(g_row[c]);
+      u[0] = to_float(u_row[c]);
     }
+  }
+  const float inv = block_row_inv_rms(x + t * d, d, x_eps, red);  // every thread: block_sum synchronises
+  if (!active) return;
+  float o[kUnit];
+#pragma unroll
+  for (int e = 0; e < kUnit; ++e) o[e] = silu_mul_value(rms_scale_round<T>(g[e], inv), rms_scale_round<T>(u[e], inv));
+  if constexpr (kVec) {
+    store8_act<T>(out + t * f + c, o);
+  } else {
+    out[t * f + c] = from_float<T>(o[0]);
   }
 }
 
@@ -175,10 +161,10 @@ __global__ void silu_mul_kernel(const T* __restrict__ gate_up, int64_t n, int64_
     float g = to_float(gate_up[r * 2 * f + c]);
     float u = to_float(gate_up[r * 2 * f + f + c]);
     if (inv) {
-      g = to_float(from_float<T>(g * inv[r]));
-      u = to_float(from_float<T>(u * inv[r]));
+      g = rms_scale_round<T>(g, inv[r]);
+      u = rms_scale_round<T>(u, inv[r]);
     }
-    out[i] = from_float<T>(g / (1.0f + expf(-g)) * u);
+    out[i] = from_float<T>(silu_mul_value(g, u));
   }
 }
 
@@ -292,26 +278,27 @@ void launch_rms_scaled_silu_mul(DType act, const void* x, int64_t d, float x_eps
   if (n * f == 0) return;
   OSP_CHECK_GT(d, 0);
   const bool vec = (act == DType::kBF16 || act == DType::kF16) && f % 8 == 0 && aligned16(gate_up) && aligned16(out);
-  // Columns per block: one column group (8 columns, or 1) per thread, so
-  // every load of the step is in flight at once behind the row reductions
-  // (this kernel serves decode-size steps, where latency is what counts;
-  // the backend computes the row factors in a pass of their own for larger
+  // A row's columns in chunks of at most one column group (8 columns, or 1)
+  // per thread, so every load of the step is in flight at once behind the
+  // row reductions (decode-size steps, where latency is what counts; the
+  // backend computes the row factors in a pass of their own for larger
   // ones). Whole groups per block; the last chunk of a row may be short.
+  OSP_CHECK_MSG(n <= 65535, "launch_rms_scaled_silu_mul takes decode-size steps (rows on grid y), got " << n);
   const int64_t unit = vec ? 8 : 1;
   const int64_t groups = ceil_div(f, unit);
   const int64_t chunks = ceil_div(groups, kThreads);
   const int64_t per_block = ceil_div(groups, chunks) * unit;
-  const dim3 grid(static_cast<unsigned>(ceil_div(f, per_block)), static_cast<unsigned>(std::min<int64_t>(n, 65535)));
+  const dim3 grid(static_cast<unsigned>(ceil_div(f, per_block)), static_cast<unsigned>(n));
   if (vec) {
     OSP_DISPATCH_16(act, T,
                     launch_pdl(rms_scaled_silu_mul_kernel<T, true>, grid, dim3(kThreads), 0, stream,
-                               static_cast<const T*>(x), d, x_eps, static_cast<const T*>(gate_up), n, f, per_block,
+                               static_cast<const T*>(x), d, x_eps, static_cast<const T*>(gate_up), f, per_block,
                                static_cast<T*>(out)));
     return;
   }
   OSP_DISPATCH_ACT(act, T,
                    launch_pdl(rms_scaled_silu_mul_kernel<T, false>, grid, dim3(kThreads), 0, stream,
-                              static_cast<const T*>(x), d, x_eps, static_cast<const T*>(gate_up), n, f, per_block,
+                              static_cast<const T*>(x), d, x_eps, static_cast<const T*>(gate_up), f, per_block,
                               static_cast<T*>(out)));
 }
 

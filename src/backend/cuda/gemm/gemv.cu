@@ -280,7 +280,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   if (threadIdx.x < kGluCols && jo < f) {
     const float g = s_gu[0][threadIdx.x];
     const float u = s_gu[1][threadIdx.x];
-    out[jo] = from_float<XT>(g / (1.0f + expf(-g)) * u);
+    out[jo] = from_float<XT>(silu_mul_value(g, u));
   }
 }
 
@@ -605,7 +605,7 @@ __device__ __forceinline__ void norm_silu_tile(const char* __restrict__ w, int64
   if (threadIdx.x < kNormGluCols && jo < f) {
     const float gt = s_gu[0][threadIdx.x];
     const float u = s_gu[1][threadIdx.x];
-    out[jo] = from_float<XT>(gt / (1.0f + expf(-gt)) * u);
+    out[jo] = from_float<XT>(silu_mul_value(gt, u));
   }
   __syncthreads();  // s_gu is rewritten by the next tile
 }

@@ -36,4 +36,17 @@ __device__ __forceinline__ float block_row_inv_rms(const T* row, int64_t d, floa
   return 1.0f / sqrtf(ss / static_cast<float>(d) + eps);
 }
 
+// A value v of the raw residual's projection times its row's factor inv
+// (plus the projection's bias b, as fmaf(v, inv, b)), rounded to T: what a
+// projection of the normed row stores. Every op that reads such a
+// projection scales through these, so they all round alike.
+template <class T>
+__device__ __forceinline__ float rms_scale_round(float v, float inv) {
+  return to_float(from_float<T>(v * inv));
+}
+template <class T>
+__device__ __forceinline__ float rms_scale_round(float v, float inv, float b) {
+  return to_float(from_float<T>(fmaf(v, inv, b)));
+}
+
 }  // namespace osprey::cuda

@@ -96,7 +96,7 @@ __global__ void __launch_bounds__(kWarps * 32) qkv_rope_kernel(QkvRopeArgs a) {
 #pragma unroll
       for (int c = 0; c < kChunks; ++c) {
         const int d = lane + 32 * c;
-        if (d < hd) v[c] = to_float(from_float<T>(b ? fmaf(v[c], row_inv, b[d]) : v[c] * row_inv));
+        if (d < hd) v[c] = b ? rms_scale_round<T>(v[c], row_inv, b[d]) : rms_scale_round<T>(v[c], row_inv);
       }
     }
     if (is_q || is_k) {
@@ -205,8 +205,8 @@ __global__ void __launch_bounds__(kVecThreads) qkv_rope_vec_kernel(QkvRopeArgs a
       const float* b = a.qkv_bias ? a.qkv_bias + static_cast<int64_t>(h) * hd : nullptr;
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
-        v1[e] = to_float(from_float<T>(b ? fmaf(v1[e], row_inv, b[8 * j + e]) : v1[e] * row_inv));
-        v2[e] = to_float(from_float<T>(b ? fmaf(v2[e], row_inv, b[half + 8 * j + e]) : v2[e] * row_inv));
+        v1[e] = b ? rms_scale_round<T>(v1[e], row_inv, b[8 * j + e]) : rms_scale_round<T>(v1[e], row_inv);
+        v2[e] = b ? rms_scale_round<T>(v2[e], row_inv, b[half + 8 * j + e]) : rms_scale_round<T>(v2[e], row_inv);
       }
     }
   }
