@@ -10,46 +10,43 @@
 namespace osprey::ops {
 namespace {
 
-float load(DType t, const void* p, int64_t i) {
-  switch (t) {
-    case DType::kF32: return static_cast<const float*>(p)[i];
-    case DType::kF16: return fp16_to_f32(static_cast<const uint16_t*>(p)[i]);
-    case DType::kBF16: return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
-    default: OSP_CHECK_MSG(false, "norm folding: unsupported dtype " << dtype_name(t)); return 0.0f;
-  }
-}
-
-void store(DType t, void* p, int64_t i, float v) {
-  switch (t) {
-    case DType::kF32: static_cast<float*>(p)[i] = v; break;
-    case DType::kF16: static_cast<uint16_t*>(p)[i] = f32_to_fp16(v); break;
-    case DType::kBF16: static_cast<uint16_t*>(p)[i] = f32_to_bf16(v); break;
-    default: OSP_CHECK_MSG(false, "norm folding: unsupported dtype " << dtype_name(t));
-  }
-}
-
+// Host tensors of a float dtype only: the rows go through core's row
+// conversions (dequantize_row / quantize_row, round to nearest even).
 void check_host(const Tensor& t, const char* what) {
   OSP_CHECK_MSG(t.device() == Device::kCpu, what << ": the default norm folding ops take host memory");
+  OSP_CHECK_MSG(t.dtype() == DType::kF32 || t.dtype() == DType::kF16 || t.dtype() == DType::kBF16,
+                what << ": norm folding takes F32, F16 or BF16, got " << dtype_name(t.dtype()));
+}
+
+// Calls f(r, row) with row t of y as floats [cols]; writes the row back
+// rounded to y's dtype into dst's row r (dst: same shape and dtype).
+template <class F>
+void map_rows(const Tensor& y, Tensor& dst, F f) {
+  std::vector<float> row(static_cast<size_t>(y.cols()));
+  for (int64_t r = 0; r < y.rows(); ++r) {
+    dequantize_row(y.dtype(), y.row(r), row.data(), y.cols());
+    f(r, row.data());
+    quantize_row(dst.dtype(), row.data(), dst.row(r), dst.cols());
+  }
 }
 
 // inv_t = 1 / sqrt(mean(x[t, :]^2) + eps), summed in fp32 as the norms do.
 std::vector<float> row_inv_rms(const Tensor& x, float eps) {
   check_host(x, "rms scale x");
-  const int64_t n = x.rows(), d = x.cols();
-  std::vector<float> inv(static_cast<size_t>(n));
-  for (int64_t t = 0; t < n; ++t) {
+  const int64_t d = x.cols();
+  std::vector<float> inv(static_cast<size_t>(x.rows()));
+  std::vector<float> row(static_cast<size_t>(d));
+  for (int64_t t = 0; t < x.rows(); ++t) {
+    dequantize_row(x.dtype(), x.row(t), row.data(), d);
     float ss = 0.0f;
-    for (int64_t i = 0; i < d; ++i) {
-      const float v = load(x.dtype(), x.row(t), i);
-      ss += v * v;
-    }
+    for (float v : row) ss += v * v;
     inv[static_cast<size_t>(t)] = 1.0f / std::sqrt(ss / static_cast<float>(d) + eps);
   }
   return inv;
 }
 
 // A host copy of y with row t multiplied by inv[t] (plus bias [cols] F32
-// where defined), rounded to y's dtype.
+// where defined, as fmaf(v, inv, b)), rounded to y's dtype.
 struct ScaledRows {
   std::vector<uint8_t> bytes;
   Tensor t;
@@ -59,20 +56,16 @@ struct ScaledRows {
     OSP_CHECK_EQ(static_cast<int64_t>(inv.size()), y.rows());
     const float* b = nullptr;
     if (bias.defined()) {
-      check_host(bias, "rms scaled rows bias");
-      OSP_CHECK(bias.dtype() == DType::kF32);
+      OSP_CHECK_MSG(bias.device() == Device::kCpu && bias.dtype() == DType::kF32, "rms scaled rows bias: host F32");
       OSP_CHECK_EQ(bias.numel(), y.cols());
       b = bias.data_as<float>();
     }
     const int64_t shape[2] = {y.rows(), y.cols()};
     t = Tensor(bytes.data(), y.dtype(), shape, 2, Device::kCpu);
-    for (int64_t r = 0; r < y.rows(); ++r) {
-      for (int64_t i = 0; i < y.cols(); ++i) {
-        const float v = load(y.dtype(), y.row(r), i);
-        const float s = inv[static_cast<size_t>(r)];
-        store(y.dtype(), t.row(r), i, b ? std::fmaf(v, s, b[i]) : v * s);
-      }
-    }
+    map_rows(y, t, [&](int64_t r, float* v) {
+      const float s = inv[static_cast<size_t>(r)];
+      for (int64_t i = 0; i < y.cols(); ++i) v[i] = b ? std::fmaf(v[i], s, b[i]) : v[i] * s;
+    });
   }
 };
 
@@ -80,13 +73,12 @@ struct ScaledRows {
 
 void Backend::scale_columns(Tensor& w, const Tensor& scale) {
   check_host(w, "scale_columns w");
-  check_host(scale, "scale_columns scale");
-  OSP_CHECK(scale.dtype() == DType::kF32);
+  OSP_CHECK_MSG(scale.device() == Device::kCpu && scale.dtype() == DType::kF32, "scale_columns scale: host F32");
   OSP_CHECK_EQ(scale.numel(), w.cols());
   const float* s = scale.data_as<float>();
-  for (int64_t r = 0; r < w.rows(); ++r) {
-    for (int64_t i = 0; i < w.cols(); ++i) store(w.dtype(), w.row(r), i, load(w.dtype(), w.row(r), i) * s[i]);
-  }
+  map_rows(w, w, [&](int64_t, float* v) {
+    for (int64_t i = 0; i < w.cols(); ++i) v[i] *= s[i];
+  });
 }
 
 void Backend::rms_scaled_qkv_rope_kv_write(const Tensor& x, float x_eps, const Tensor& qkv, const Tensor& qkv_bias,
