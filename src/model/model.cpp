@@ -320,6 +320,17 @@ Expected<ModelConfig> dummy_config(const std::string& path) {
   return model_config_from_hf_json(text.json, text.origin);
 }
 
+// v copied into memory from be.alloc, recorded in allocs (freed with the
+// model); null when out of memory.
+float* upload_owned(ops::Backend& be, std::vector<void*>& allocs, const std::vector<float>& v) {
+  const size_t bytes = v.size() * sizeof(float);
+  void* p = be.alloc(bytes);
+  if (!p) return nullptr;
+  allocs.push_back(p);
+  be.copy_to_device(p, v.data(), bytes);
+  return static_cast<float*>(p);
+}
+
 // Whether t's memory belongs to the model: device weights are always
 // uploaded copies; host weights only where placed by the backend (dummy
 // fills) or converted or fused into `owned` (others may be read-only file
@@ -351,12 +362,9 @@ Status Model::fold_norms(Impl& m, ops::Backend& be, DType act, int64_t d) {
       if (!w->defined() || !is_float_dtype(w->dtype()) || !model_owns(*w, m.owned, m.device_allocations)) return {};
     }
   }
-  std::vector<float> ones(static_cast<size_t>(d), 1.0f);
-  void* p = be.alloc(ones.size() * sizeof(float));
-  if (!p) return resource_exhausted("out of device memory after loading the weights");
-  m.device_allocations.push_back(p);
-  be.copy_to_device(p, ones.data(), ones.size() * sizeof(float));
-  m.unit_norm = Tensor(p, DType::kF32, {d}, be.device());
+  float* ones = upload_owned(be, m.device_allocations, std::vector<float>(static_cast<size_t>(d), 1.0f));
+  if (!ones) return resource_exhausted("out of device memory after loading the weights");
+  m.unit_norm = Tensor(ones, DType::kF32, {d}, be.device());
   for (LayerWeights& L : m.layers) {
     be.scale_columns(L.w_qkv, L.attn_norm);
     be.scale_columns(L.w_gate_up, L.ffn_norm);
@@ -478,11 +486,8 @@ Expected<std::unique_ptr<Model>> Model::load(const std::string& path, ops::Backe
   OSP_RETURN_IF_ERROR(fold_norms(m, backend, act, d));
 
   m.inv_freq_host = ops::make_rope_inv_freq(c.rope_theta, c.head_dim, c.rope_scaling);
-  const size_t freq_bytes = m.inv_freq_host.size() * sizeof(float);
-  m.inv_freq = static_cast<float*>(backend.alloc(freq_bytes));
+  m.inv_freq = upload_owned(backend, m.device_allocations, m.inv_freq_host);
   if (!m.inv_freq) return resource_exhausted("out of device memory after loading the weights");
-  m.device_allocations.push_back(m.inv_freq);
-  backend.copy_to_device(m.inv_freq, m.inv_freq_host.data(), freq_bytes);
   m.rope.inv_freq = m.inv_freq;
   m.rope.rotary_dim = c.head_dim;
   backend.synchronize();
