@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <span>
 #include <string>
@@ -25,6 +26,18 @@
 #include "ops/backend.h"
 
 namespace osprey::gpu_test {
+
+// KV slots for n tokens: a seeded shuffle of [0, num_slots) (n <= num_slots),
+// with tokens first_skip, first_skip + skip_every, ... skipped (-1).
+inline std::vector<int32_t> shuffled_slots(int n, int num_slots, uint32_t seed, int first_skip, int skip_every) {
+  std::vector<int32_t> s(static_cast<size_t>(num_slots));
+  std::iota(s.begin(), s.end(), 0);
+  std::mt19937 rng(seed);
+  std::shuffle(s.begin(), s.end(), rng);
+  s.resize(static_cast<size_t>(n));
+  for (int i = first_skip; i < n; i += skip_every) s[static_cast<size_t>(i)] = -1;
+  return s;
+}
 
 inline std::vector<float> random_floats(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
   std::mt19937 rng(seed);

@@ -16,7 +16,6 @@
 // (NMSE ~8e-8); the bounds leave room for fp32 order differences, inputs
 // rounded on the GEMM path and, in the prefill kernel, P rounded to the
 // 16-bit type before P V.
-#include <numeric>
 #include <ostream>
 
 #include "batch_runner.h"
@@ -243,17 +242,6 @@ TEST_P(HalfOps, MatmulAccumulatesInFp32) {
   }
 }
 
-// Slots: a permutation of pages with some tokens skipped (-1).
-std::vector<int32_t> make_slots(int n, int num_slots, uint32_t seed) {
-  std::vector<int32_t> s(static_cast<size_t>(num_slots));
-  std::iota(s.begin(), s.end(), 0);
-  std::mt19937 rng(seed);
-  std::shuffle(s.begin(), s.end(), rng);
-  s.resize(static_cast<size_t>(n));
-  for (int i = 0; i < n; i += 4) s[static_cast<size_t>(i)] = -1;
-  return s;
-}
-
 // Activations of the parameter's dtype (and F32 once, under the bf16
 // parameter) into F32, BF16 and F16 pages. The GPU rounds k/v to the
 // activation dtype before the page dtype, the CPU rounds fp32 k/v to the page
@@ -272,7 +260,7 @@ TEST_P(HalfOps, FusedQkvRopeKvWriteMatchesCpu) {
           const auto qkv = round_to(at, random_floats(static_cast<size_t>(n * cols), 20, -2, 2));
           std::vector<int32_t> pos(static_cast<size_t>(n));
           for (int i = 0; i < n; ++i) pos[static_cast<size_t>(i)] = 3 * i + 1000 * (i % 3);
-          const auto slots = make_slots(n, num_slots, 21);
+          const auto slots = shuffled_slots(n, num_slots, 21, 0, 4);  // every fourth token skipped
           const auto qn = random_floats(static_cast<size_t>(sh.hd), 22, 0.5f, 1.5f);
           const auto kn = random_floats(static_cast<size_t>(sh.hd), 23, 0.5f, 1.5f);
           auto inv = ops::make_rope_inv_freq(500000.0f, sh.hd, {});

@@ -18,7 +18,6 @@
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
-#include <numeric>
 
 #include "gpu_test_util.h"
 #include "ops/rope_freq.h"
@@ -259,8 +258,7 @@ TEST_F(NormFold, RmsScaledSiluMulMatchesHost) {
 }
 
 // x one element off 16-byte alignment (the scalar reduction at d % 8 == 0),
-// and 70001 rows (through the backend's row-factor pass; the in-kernel
-// reduction's row loop past gridDim.y = 65535 serves direct launches).
+// and 70001 rows (through the backend's row-factor pass).
 TEST_F(NormFold, RmsScaledSiluMulUnalignedXAndManyRows) {
   check_silu(gpu(), DType::kBF16, 37, 2048, 64, 1, "bf16 x offset 1");
   check_silu(gpu(), DType::kF16, 9, 24, 4096, 1, "f16 x offset 1");
@@ -291,17 +289,6 @@ struct QkvCase {
   const char* path;
 };
 
-// Slots of n tokens in num_slots: a permutation, every third token skipped (-1).
-std::vector<int32_t> qkv_slots(int n, int num_slots, uint32_t seed) {
-  std::vector<int32_t> s(static_cast<size_t>(num_slots));
-  std::iota(s.begin(), s.end(), 0);
-  std::mt19937 rng(seed);
-  std::shuffle(s.begin(), s.end(), rng);
-  s.resize(static_cast<size_t>(n));
-  for (int i = 1; i < n; i += 3) s[static_cast<size_t>(i)] = -1;
-  return s;
-}
-
 // The op on the raw projection against qkv_rope_kv_write of the rows scaled
 // on the host (inv_t exact, values rounded to t): q_out and both page pools
 // bit for bit, pages of the activation dtype.
@@ -329,7 +316,7 @@ void check_qkv(ops::Backend& gpu, DType t, const QkvCase& c, int n, bool with_bi
   }
   std::vector<int32_t> pos(static_cast<size_t>(n));
   for (int i = 0; i < n; ++i) pos[static_cast<size_t>(i)] = 5 * i + 700 * (i % 4);
-  const auto slots = qkv_slots(n, num_slots, 62);
+  const auto slots = shuffled_slots(n, num_slots, 62, 1, 3);  // every third token skipped
   const auto inv_freq = ops::make_rope_inv_freq(500000.0f, c.rotary_dim, {});
   const auto qn = random_floats(static_cast<size_t>(c.hd), 63, 0.5f, 1.5f);
   const auto kn = random_floats(static_cast<size_t>(c.hd), 64, 0.5f, 1.5f);
