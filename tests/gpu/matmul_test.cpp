@@ -4,6 +4,7 @@
 // odd k and unaligned activations; and the batch-1 decode chain queued back
 // to back (programmatic dependent launch) against the same ops serialised.
 #include <cmath>
+#include <cstdlib>
 
 #include "gpu_test_util.h"
 
@@ -208,15 +209,21 @@ TEST_F(MatmulTest, DecodeChainQueuedEqualsSerialised) {
 
 // BF16 activations through cuBLASLt with autotuned plans (gemm/matmul.cpp):
 // a shape's first call times the heuristic's candidates and keeps the
-// fastest; other n of the same bucket (multiple of 8 up to 512, power of
-// two above) reuse the winner; a shape first seen inside graph capture
+// fastest; other n of the same bucket (each n up to 8, multiple of 8 up to
+// 512, of 64 up to 2048, power of two above) reuse the winner; a shape first seen inside graph capture
 // keeps the heuristic's choice. Every such plan must compute the same product: against a float64 reference on the
 // bf16 values, repeated calls bit for bit, and a graph replay equal to the
 // eager call of its shape.
 TEST_F(MatmulTest, TuningRowsAreOnePerBucket) {
-  // The engine warms each of these before serving: multiples of 8 from 16 to
+  // The engine warms each of these before serving: every n above the GEMV's
+  // row limit (CudaBackendOptions::gemv_max_rows, 1 by default;
+  // OSPREY_GEMV_MAX_ROWS overrides it) up to 8, multiples of 8 from 16 to
   // 512, of 64 to 2048, then powers of two; the last is max_rows itself.
-  std::vector<int64_t> want;
+  const char* env = std::getenv("OSPREY_GEMV_MAX_ROWS");
+  const int64_t first = env != nullptr ? std::atoi(env) + 1 : 2;
+  std::vector<int64_t> small;
+  for (int64_t n = first; n <= 8; ++n) small.push_back(n);
+  std::vector<int64_t> want = small;
   for (int64_t n = 16; n <= 512; n += 8) want.push_back(n);
   for (int64_t n = 576; n <= 2048; n += 64) want.push_back(n);
   want.push_back(4096);
@@ -226,8 +233,12 @@ TEST_F(MatmulTest, TuningRowsAreOnePerBucket) {
   ASSERT_FALSE(r.empty());
   EXPECT_EQ(r.back(), 3000);  // bucket 4096, cut at max_rows
   EXPECT_EQ(r[r.size() - 2], 2048);
-  EXPECT_TRUE(gpu().matmul_tuning_rows(15).empty());  // below the tuning threshold
-  EXPECT_EQ(gpu().matmul_tuning_rows(20), (std::vector<int64_t>{16, 20}));
+  EXPECT_TRUE(gpu().matmul_tuning_rows(first - 1).empty());  // GEMV rows only: nothing to tune
+  std::vector<int64_t> to15 = small, to20 = small;
+  to15.push_back(15);
+  to20.insert(to20.end(), {16, 20});
+  EXPECT_EQ(gpu().matmul_tuning_rows(15), to15);
+  EXPECT_EQ(gpu().matmul_tuning_rows(20), to20);
 }
 
 TEST_F(MatmulTest, Bf16AutotunedPlansMatchReference) {

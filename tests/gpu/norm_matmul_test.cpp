@@ -1,6 +1,7 @@
 // The RMSNorm folded into the GEMV on CUDA (Backend::rms_norm_matmul and
-// rms_norm_matmul_silu_mul; gemm/gemv.cu launch_gemv_rms_norm*): at n <= 8
-// rows of 16-bit activations and weights, out = dot(xn, w row) (+ bias) with
+// rms_norm_matmul_silu_mul; gemm/gemv.cu launch_gemv_rms_norm*): at GEMV
+// rows of 16-bit activations and weights (n <= 8 here: the fixture sets
+// CudaBackendOptions::gemv_max_rows = 8; the default backend takes n = 1), out = dot(xn, w row) (+ bias) with
 // xn = x * inv_rms(x) * g rounded to the activation dtype (as rms_norm
 // writes it; the kernel stages it in shared memory) and the normed scratch
 // left unwritten.
@@ -131,6 +132,13 @@ Operands make_operands(int64_t m, int64_t k, int64_t max_n, uint32_t seed) {
 
 class NormMatmulTest : public GpuTest {
  protected:
+  // The GEMV (and its norm fold) up to 8 rows: the default backend takes it
+  // at one row only (CudaBackendOptions::gemv_max_rows), the kernels take 8.
+  cuda::CudaBackendOptions gpu_options() const override {
+    cuda::CudaBackendOptions o;
+    o.gemv_max_rows = 8;
+    return o;
+  }
   // rms_norm_matmul of o's first n rows (act activations, wt weights) against
   // the reference and against rms_norm + matmul.
   void check(const Operands& o, DType act, DType wt, int64_t n, bool with_bias) {
@@ -240,6 +248,14 @@ TEST_F(NormMatmulTest, CapabilityFollowsRowsAndDtype) {
   auto be_off = cuda::make_cuda_backend(off);
   ASSERT_NE(be_off, nullptr);
   EXPECT_FALSE(be_off->fuses_rms_norm_matmul(1, DType::kBF16));
+  // The default backend: the GEMV (so the fold) at one row only, unless
+  // OSPREY_GEMV_MAX_ROWS says otherwise.
+  if (std::getenv("OSPREY_GEMV_MAX_ROWS") == nullptr) {
+    auto be_default = cuda::make_cuda_backend({});
+    ASSERT_NE(be_default, nullptr);
+    EXPECT_EQ(be_default->fuses_rms_norm_matmul(1, DType::kBF16), fold_expected());
+    EXPECT_FALSE(be_default->fuses_rms_norm_matmul(2, DType::kBF16));
+  }
 }
 
 TEST_F(NormMatmulTest, MatchesFloat64ReferenceSmallAndLlamaShapes) {
@@ -379,15 +395,17 @@ TEST_F(NormMatmulTest, DecodeChainQueuedEqualsSerialised) {
 }
 
 // Model::forward with the fold (the default at 16-bit activations) against
-// fused_norm = false, same weights: a prefill step (GEMM rows: no fold) then
-// decode steps of two sequences (GEMV rows: folded); llama (no bias) and
-// qwen2 (qkv bias). Logits close (the fold rounds the normed rows as the
-// two ops do; the tolerance leaves room for another reduction order).
+// fused_norm = false, same weights, both with the GEMV up to 8 rows
+// (gemv_max_rows): a prefill step (GEMM rows: no fold) then decode steps of
+// two sequences (GEMV rows: folded); llama (no bias) and qwen2 (qkv bias).
+// Logits close (the fold rounds the normed rows as the two ops do; the
+// tolerance leaves room for another reduction order).
 TEST(NormMatmulModel, FoldedNormForwardMatchesUnfolded) {
   ASSERT_GT(cuda::device_count(), 0);
   if (!fold_expected()) GTEST_SKIP() << "OSPREY_FUSED_NORM=0 turns the fold off";
   if (env_off("OSPREY_FUSED_RESIDUAL")) GTEST_SKIP() << "the fold runs with the fused residual only";
   cuda::CudaBackendOptions on, off;
+  on.gemv_max_rows = off.gemv_max_rows = 8;
   off.fused_norm = false;
   auto be_on = cuda::make_cuda_backend(on), be_off = cuda::make_cuda_backend(off);
   ASSERT_NE(be_on, nullptr);
@@ -409,31 +427,35 @@ TEST(NormMatmulModel, FoldedNormForwardMatchesUnfolded) {
 // The norm weights folded into w_qkv / w_gate_up (folds_norms, the default
 // at BF16) against folded_norm = false, same weights: the prompt step (GEMM
 // rows: the products of the raw residual, scaled by the ops reading them)
-// and decode steps of two sequences (GEMV rows: rms_norm_matmul* with the
-// unit norm weight). Every fixture folds at BF16 (qwen2's qkv bias added
-// after the row scale); F16 activations do not.
+// and decode steps of two sequences: GEMM rows at the default GEMV limit
+// (one row: the scaled ops again), GEMV rows with gemv_max_rows = 8
+// (rms_norm_matmul* with the unit norm weight). Every fixture folds at BF16
+// (qwen2's qkv bias added after the row scale); F16 activations do not.
 TEST(NormFoldModel, FoldedWeightsForwardMatchesUnfolded) {
   ASSERT_GT(cuda::device_count(), 0);
   if (env_off("OSPREY_FOLDED_NORM")) GTEST_SKIP() << "OSPREY_FOLDED_NORM=0 turns the fold off";
   if (env_off("OSPREY_FUSED_RESIDUAL")) GTEST_SKIP() << "the fold runs with the fused residual only";
-  cuda::CudaBackendOptions on, off;
-  off.folded_norm = false;
-  auto be_on = cuda::make_cuda_backend(on), be_off = cuda::make_cuda_backend(off);
-  ASSERT_NE(be_on, nullptr);
-  ASSERT_NE(be_off, nullptr);
-  for (const char* fixture : {"llama", "qwen2", "qwen3", "mistral"}) {
-    const std::string path = std::string(OSPREY_SOURCE_DIR) + "/tests/fixtures/" + fixture;
-    for (const char* dtype : {"bfloat16", "float16"}) {
-      const bool bf16 = std::string(dtype) == "bfloat16";
-      const std::string tag = std::string(fixture) + " " + dtype;
-      ModelLoadOptions o;
-      o.dtype = dtype;
-      auto m_on = Model::load(path, *be_on, o), m_off = Model::load(path, *be_off, o);
-      ASSERT_TRUE(m_on.ok()) << m_on.status().to_string();
-      ASSERT_TRUE(m_off.ok()) << m_off.status().to_string();
-      EXPECT_EQ((*m_on)->norms_folded(), bf16) << tag;
-      EXPECT_FALSE((*m_off)->norms_folded()) << tag;
-      expect_fused_forward_matches(**m_on, **m_off, bf16 ? 1e-3 : 5e-5, tag);
+  for (int gemv_rows : {1, 8}) {
+    cuda::CudaBackendOptions on, off;
+    on.gemv_max_rows = off.gemv_max_rows = gemv_rows;
+    off.folded_norm = false;
+    auto be_on = cuda::make_cuda_backend(on), be_off = cuda::make_cuda_backend(off);
+    ASSERT_NE(be_on, nullptr);
+    ASSERT_NE(be_off, nullptr);
+    for (const char* fixture : {"llama", "qwen2", "qwen3", "mistral"}) {
+      const std::string path = std::string(OSPREY_SOURCE_DIR) + "/tests/fixtures/" + fixture;
+      for (const char* dtype : {"bfloat16", "float16"}) {
+        const bool bf16 = std::string(dtype) == "bfloat16";
+        const std::string tag = std::string(fixture) + " " + dtype + " gemv_max_rows " + std::to_string(gemv_rows);
+        ModelLoadOptions o;
+        o.dtype = dtype;
+        auto m_on = Model::load(path, *be_on, o), m_off = Model::load(path, *be_off, o);
+        ASSERT_TRUE(m_on.ok()) << m_on.status().to_string();
+        ASSERT_TRUE(m_off.ok()) << m_off.status().to_string();
+        EXPECT_EQ((*m_on)->norms_folded(), bf16) << tag;
+        EXPECT_FALSE((*m_off)->norms_folded()) << tag;
+        expect_fused_forward_matches(**m_on, **m_off, bf16 ? 1e-3 : 5e-5, tag);
+      }
     }
   }
 }

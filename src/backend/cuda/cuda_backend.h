@@ -40,6 +40,16 @@ struct CudaBackendOptions {
   // the environment, keeps the norms (A/B runs and tests). F16 never folds:
   // the raw product is rms(x) times the normed one and may overflow F16.
   bool folded_norm = true;
+  // BF16/F16 activations on weights of the same dtype: the own GEMV kernels
+  // (gemm/gemv.cu, with the fused norm and SiLU variants) take steps of up
+  // to this many rows (1..8), cuBLASLt the larger ones. The GEMV re-reads
+  // nothing but does n dot products per weight element on CUDA cores;
+  // cuBLASLt's tensor-core kernels stay at the weight-read bound from n = 2
+  // (an H100, 2026-11-27: a decode step at 8 sequences x 512 tokens 10.65 ms
+  // through the GEMV, 6.17 through cuBLASLt; docs/PERF.md, session 10).
+  // OSPREY_GEMV_MAX_ROWS=1..8 in the environment (read once) overrides it
+  // (A/B runs); F32 activations and quantised weights keep their limits.
+  int gemv_max_rows = 1;
 };
 
 // Number of CUDA devices the driver reports; 0 when there is no driver or GPU.

@@ -157,6 +157,11 @@ class CudaBackend final : public ops::Backend {
   // matmul (add_to_out false) and matmul_add (true: out += x @ w^T, no
   // bias) after their argument checks: the path dispatch of gemm/matmul.cpp.
   void matmul_into(const Tensor& x, const Tensor& w, const float* bias, Tensor& out, bool add_to_out);
+  // The own GEMV's row limit for 16-bit activations on weights of their
+  // dtype (CudaBackendOptions::gemv_max_rows, OSPREY_GEMV_MAX_ROWS), and
+  // whether matmul takes the GEMV for n rows of xt on weights of wt.
+  int64_t gemv_max_rows16() const;
+  bool gemv_rows(int64_t n, DType xt, DType wt) const;
   // matmul with 16-bit activations (x BF16 or F16, out x's dtype or F32), n
   // above the GEMV threshold; add_to_out: out += product (no bias then).
   void matmul_bf16(const Tensor& x, const Tensor& w, const float* bias, Tensor& out, bool add_to_out);

@@ -12,7 +12,8 @@
 //
 // `gpu_op_bench gemm-small` runs the copy ceiling and the 16-bit GEMM sweep
 // at decode batch sizes: BF16 x [n, k] @ w [m, k]^T at Llama-3-8B's weight
-// shapes for n = 9..128 (the backend's path: cuBLASLt, autotuned as
+// shapes for n = 1..128 (the backend's path: the own GEMV up to its row
+// limit, OSPREY_GEMV_MAX_ROWS; cuBLASLt above, autotuned as
 // OSPREY_LT_AUTOTUNE says; `=pow2` for the earlier power-of-two buckets),
 // then a few F16 points.
 #include <cuda_runtime_api.h>
@@ -255,7 +256,7 @@ void gemm_small_sweep(ops::Backend& be, double copy_gbs) {
                           {"gate_up", 28672, 4096},
                           {"down", 4096, 14336},
                           {"lm_head", 128256, 4096}};
-  const int64_t rows[] = {9, 16, 24, 32, 48, 56, 64, 96, 100, 127, 128};
+  const int64_t rows[] = {1, 2, 3, 4, 6, 8, 9, 16, 24, 32, 48, 56, 64, 96, 100, 127, 128};
   for (DType t : {DType::kBF16, DType::kF16}) {
     std::printf("GEMM %s at small n (x [n, k] @ w [m, k]^T, out %s)\n", std::string(dtype_name(t)).c_str(),
                 std::string(dtype_name(t)).c_str());

@@ -10,10 +10,12 @@
 // weights the GEMV reads x itself and folds its RMSNorm in (no normed
 // buffer, one kernel fewer; launch_gemv_rms_norm*), else rms_norm + matmul.
 //
-// Paths (the row thresholds are where a GEMM starts to beat re-reading the
-// weights once per kGemvRowsPerPass rows):
-//   n <= kDenseGemvMaxRows (F32/F16/BF16) or kQuantGemvMaxRows (quantised):
-//     own GEMV kernels (gemm/gemv.cu), fp32 accumulation;
+// Paths (the row thresholds are where a GEMM starts to beat the GEMV):
+//   BF16/F16 activations on weights of the same dtype, n <= gemv_max_rows16()
+//     (CudaBackendOptions::gemv_max_rows, default 1: cuBLASLt is faster from
+//     2 rows), F32 activations or other float weights n <= kDenseGemvMaxRows,
+//     quantised weights n <= kQuantGemvMaxRows: own GEMV kernels
+//     (gemm/gemv.cu), fp32 accumulation;
 //   BF16/F16 activations: weights of the activation dtype straight into
 //     cuBLASLt (16-bit in, fp32 accumulate, 16-bit/F32 out, plans cached per
 //     shape and dtypes); other weight dtypes in panels dequantised to the
@@ -52,7 +54,8 @@ constexpr size_t kLtWorkspaceBytes = size_t{32} << 20;  // == the cuBLAS workspa
 // keeps the fastest. The winner is remembered per bucket of n and reused,
 // after cublasLtMatmulAlgoCheck, for the other n of that bucket, so a server
 // that sees many token counts times each weight shape a few times, not once
-// per count. Buckets: n rounded up to a multiple of 8 up to
+// per count. Buckets: each n up to 8 (small-batch decode steps), then n
+// rounded up to a multiple of 8 up to
 // kLtFineTuneMaxRows (the decode graphs' batch sizes are such multiples),
 // to a power of two above. An algorithm timed at one n can be far off at
 // another n of the same power-of-two bucket (H100, gpu_op_bench gemm-small,
@@ -78,7 +81,7 @@ constexpr size_t kLtWorkspaceBytes = size_t{32} << 20;  // == the cuBLAS workspa
 // scratch buffer (tune_out_), so out is written once, by the call itself;
 // their plans are keyed and tuned apart from beta = 0 ones.
 constexpr int kLtCandidates = 8;
-constexpr int64_t kLtTuneMinRows = 16;
+constexpr int64_t kLtTuneMinRows = 2;
 constexpr int64_t kLtFineTuneMaxRows = 512;
 constexpr int64_t kLtMidTuneMaxRows = 2048;
 constexpr int kLtTuneReps = 3;
@@ -114,11 +117,22 @@ int algo_attr(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttribut
 }
 
 int64_t tune_bucket(int64_t n) {
+  if (n <= 8) return n;  // small-batch decode: each n its own pick
   if (n <= lt_fine_max_rows() && tune_mode() != TuneMode::kPow2) return (n + 7) / 8 * 8;
   if (n <= kLtMidTuneMaxRows && tune_mode() != TuneMode::kPow2) return (n + 63) / 64 * 64;
-  int64_t b = kLtTuneMinRows;
+  int64_t b = 16;
   while (b < n) b <<= 1;
   return b;
+}
+
+// OSPREY_GEMV_MAX_ROWS (1..8, read once; 0 or unset: the option).
+int64_t env_gemv_max_rows() {
+  static const int64_t n = env_int("OSPREY_GEMV_MAX_ROWS", 0, kDenseGemvMaxRows, 0);
+  return n;
+}
+
+bool is_16bit(DType t) {
+  return t == DType::kBF16 || t == DType::kF16;
 }
 
 // Largest power of two (<= 256) dividing the address: what cuBLASLt may assume.
@@ -241,7 +255,8 @@ std::vector<int64_t> CudaBackend::matmul_tuning_rows(int64_t max_rows) const {
   // One row count per tuning bucket: the bucket's top, or max_rows in the last.
   std::vector<int64_t> rows;
   if (tune_mode() == TuneMode::kOff) return rows;
-  for (int64_t n = kLtTuneMinRows; n <= max_rows;) {
+  // Rows the GEMV takes need no plan.
+  for (int64_t n = std::max(kLtTuneMinRows, gemv_max_rows16() + 1); n <= max_rows;) {
     const int64_t b = tune_bucket(n);
     rows.push_back(std::min(b, max_rows));
     n = b + 1;
@@ -432,10 +447,21 @@ bool CudaBackend::fuses_matmul_add(DType act) const {
   return options_.fused_residual && !env_off && (act == DType::kBF16 || act == DType::kF16);
 }
 
+int64_t CudaBackend::gemv_max_rows16() const {
+  const int64_t env = env_gemv_max_rows();
+  return env > 0 ? env : std::clamp<int64_t>(options_.gemv_max_rows, 1, kDenseGemvMaxRows);
+}
+
+bool CudaBackend::gemv_rows(int64_t n, DType xt, DType wt) const {
+  if (dtype_is_quantized(wt)) return n <= kQuantGemvMaxRows;
+  if (is_16bit(xt) && wt == xt) return n <= gemv_max_rows16();
+  return n <= kDenseGemvMaxRows;
+}
+
 bool CudaBackend::fuses_rms_norm_matmul(int64_t n, DType act) const {
   static const bool env_off = env_equals("OSPREY_FUSED_NORM", "0");
   return options_.fused_norm && !env_off && (act == DType::kBF16 || act == DType::kF16) && n >= 1 &&
-         n <= kDenseGemvMaxRows;
+         n <= gemv_max_rows16();
 }
 
 namespace {
@@ -512,7 +538,7 @@ void CudaBackend::matmul_into(const Tensor& x, const Tensor& w, const float* b, 
     return;
   }
 
-  if (n <= (quant ? kQuantGemvMaxRows : kDenseGemvMaxRows)) {
+  if (gemv_rows(n, xt, w.dtype())) {
     launch_gemv(w.dtype(), w.data(), w.row_bytes(), m, k, xt, x.data(), n, b, ot, out.data(), stream_, add_to_out);
     return;
   }
