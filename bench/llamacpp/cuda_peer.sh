@@ -45,6 +45,9 @@
 #                 timeout_s minus 30): batched runs that would not finish in time are skipped
 #                 (status "skipped") so that the finished results and logs still come back
 #   KEEP_MODELS=1 keep the GGUF files (default: removed at the end)
+#   REUSE_MODELS=1 use a GGUF already at $WORK/dummy-<preset>-<dtype>.gguf instead of
+#                 writing it (one that a caller wrote completely beforehand, e.g. with
+#                 make_dummy_gguf.py while something else builds, or KEEP_MODELS=1)
 #   PYTHON        python with numpy (default python3)
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -139,8 +142,12 @@ patch_src() {  # llama.cpp tree
 # Here, on a machine with nvcc 13.0 and no GPU: the CUDA binaries for sm_90a into
 # .llamacpp/llamacpp_bin_sm90a.tar.xz, so that `run` on the GPU machine skips the
 # build. Differences from run's own build, none on the GPU path: CPU code for
-# AVX2 (not -march=native, which would be this host's), and no NCCL (multi-GPU
-# only; its library sits elsewhere there). ~40 min on 2 shared cores; 41 MB packed.
+# AVX2 (not -march=native, which would be this host's), no NCCL (multi-GPU
+# only; its library sits elsewhere there), sm_90a machine code only (90a-real:
+# no compute_90a PTX, which the driver would JIT only for a GPU without sm_90a
+# code; it was 19 of the 41 MB packed, too much for the 64 MiB carry next to the
+# tree), and symbol tables stripped (the dynamic symbols stay). ~40 min on 2
+# shared cores.
 prebuild() {
   local w="${WORK:-/tmp/llamacpp-prebuild}" t0; t0=$(date +%s)
   rm -rf "$w/src"; mkdir -p "$w/src"
@@ -148,17 +155,20 @@ prebuild() {
   patch_src "$w/src/llama.cpp"
   local cm=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
             -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF -DGGML_CCACHE=OFF
-            -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a "-DGGML_CUDA_FA_QUANTS=${FA_QUANTS:-f16-f16;bf16-bf16}"
+            -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a-real "-DGGML_CUDA_FA_QUANTS=${FA_QUANTS:-f16-f16;bf16-bf16}"
             -DGGML_CUDA_NCCL=OFF -DGGML_NATIVE=OFF -DGGML_SSE42=ON -DGGML_AVX=ON -DGGML_AVX2=ON
             -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
             "-DCMAKE_EXE_LINKER_FLAGS=-Wl,--allow-shlib-undefined")  # no libcuda.so.1 (driver) here
   cmake -S "$w/src/llama.cpp" -B "${BUILD_DIR:-$w/build}" "${cm[@]}" > "$w/configure.log"
   nice -n 19 ninja -C "${BUILD_DIR:-$w/build}" -j "${JOBS:-2}" llama-bench llama-batched-bench
-  tar -C "${BUILD_DIR:-$w/build}" -cf - bin | xz -T0 -6 > "$store/llamacpp_bin_sm90a.tar.xz"
+  rm -rf "$w/pack"; mkdir -p "$w/pack"; cp -a "${BUILD_DIR:-$w/build}/bin" "$w/pack/"
+  find "$w/pack/bin" -type f -exec strip --strip-unneeded {} +
+  tar -C "$w/pack" --sort=name --owner=0 --group=0 --numeric-owner -cf - bin | xz -T0 -9 > "$store/llamacpp_bin_sm90a.tar.xz"
   {
     echo "prebuilt $(date -u +%FT%TZ) on $(uname -n) ($(. /etc/os-release && echo "$PRETTY_NAME"), $(nvcc --version | tail -1), g++ $(g++ -dumpfullversion)) in $(( $(date +%s) - t0 ))s"
     echo "from llama.cpp-src.tar.xz sha256 $(sha256sum "$src_tar" | cut -d' ' -f1), batched-bench logger flush patched in"
     echo "cmake ${cm[*]}"
+    echo "binaries stripped (strip --strip-unneeded); llamacpp_bin_sm90a.tar.xz $(stat -c %s "$store/llamacpp_bin_sm90a.tar.xz") bytes, sha256 $(sha256sum "$store/llamacpp_bin_sm90a.tar.xz" | cut -d' ' -f1)"
   } > "$store/llamacpp_bin_sm90a.txt"
   cat "$store/llamacpp_bin_sm90a.txt"; ls -la "$store"
 }
@@ -198,8 +208,12 @@ run() {
   if [[ "${BUILD_ONLY:-0}" != 1 ]]; then
     (
       for d in $dtypes; do
-        GGUF_PY="$src/gguf-py" "$py" "$here/make_dummy_gguf.py" "$work/dummy-$preset-$d.gguf" \
-          --preset "$preset" --dtype "$d" || exit 1
+        f="$work/dummy-$preset-$d.gguf"
+        if [[ "${REUSE_MODELS:-0}" == 1 && -s "$f" ]]; then
+          echo "{\"gguf\": \"$f\", \"preset\": \"$preset\", \"dtype\": \"$d\", \"bytes\": $(stat -c %s "$f"), \"reused\": true}"
+          continue
+        fi
+        GGUF_PY="$src/gguf-py" "$py" "$here/make_dummy_gguf.py" "$f" --preset "$preset" --dtype "$d" || exit 1
       done
     ) > "$logs/gguf.log" 2>&1 &
     gguf_pid=$!
