@@ -10,6 +10,12 @@
 // kernel is the one CudaBackend picks, OSPREY_DECODE_ATTENTION=simt forces
 // the SIMT one for an A/B).
 //
+// `gpu_op_bench gemm-small-quant` runs the same sweep on Q8_0 / Q4_0 / Q4_1
+// weights (values arbitrary: the blocks' bytes filled as F16 numbers) for n
+// = 1..64, through the backend's path (the quantised GEMV up to
+// OSPREY_QGEMV_MAX_ROWS, 32 by default; dequantised panels + cuBLASLt
+// above); GB/s counts the packed weight bytes.
+//
 // `gpu_op_bench gemm-small` runs the copy ceiling and the 16-bit GEMM sweep
 // at decode batch sizes: BF16 x [n, k] @ w [m, k]^T at Llama-3-8B's weight
 // shapes for n = 1..128 (the backend's path: the own GEMV up to its row
@@ -291,6 +297,49 @@ void gemm_small_sweep(ops::Backend& be, double copy_gbs) {
   }
 }
 
+// gemm-small-quant (file comment): BF16 activations on quantised weights.
+void gemm_small_quant_sweep(ops::Backend& be, double copy_gbs) {
+  struct Shape {
+    const char* name;
+    int64_t m, k;
+  };
+  const Shape shapes[] = {{"qkv", 6144, 4096}, {"o", 4096, 4096}, {"gate_up", 28672, 4096}, {"down", 4096, 14336}};
+  const int64_t rows[] = {1, 2, 4, 8, 9, 16, 24, 32, 33, 48, 64};
+  const char* env = std::getenv("OSPREY_QGEMV_MAX_ROWS");
+  for (DType t : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1}) {
+    std::printf("GEMM %s weights, BF16 x [n, k], OSPREY_QGEMV_MAX_ROWS=%s\n", std::string(dtype_name(t)).c_str(),
+                env != nullptr ? env : "(unset)");
+    std::printf("%-8s %5s %9s %8s %7s\n", "shape", "n", "us", "GB/s", "% copy");
+    for (const Shape& sh : shapes) {
+      const size_t wbytes = static_cast<size_t>(dtype_row_bytes(t, sh.k) * sh.m);
+      const int copies = static_cast<int>(std::clamp<size_t>(((size_t{256} << 20) + wbytes - 1) / wbytes, 1, 16));
+      std::vector<std::unique_ptr<Buf>> ws;
+      std::vector<Tensor> wt;
+      for (int c = 0; c < copies; ++c) {
+        ws.push_back(std::make_unique<Buf>(be, wbytes));
+        wt.push_back(Tensor(ws.back()->p, t, {sh.m, sh.k}, Device::kCuda));
+        // The packed bytes as F16 numbers: finite scales and arbitrary quants.
+        Tensor as16(ws.back()->p, DType::kF16, {static_cast<int64_t>(wbytes / 2)}, Device::kCuda);
+        be.fill_uniform(as16, 300 + static_cast<uint64_t>(c), -0.05f, 0.05f);
+      }
+      const int calls = copies * std::max(1, (8 + copies - 1) / copies);
+      Buf x(be, static_cast<size_t>(64 * sh.k) * 2), o(be, static_cast<size_t>(64 * sh.m) * 2);
+      for (int64_t n : rows) {
+        Tensor xt(x.p, DType::kBF16, {n, sh.k}, Device::kCuda), ot(o.p, DType::kBF16, {n, sh.m}, Device::kCuda);
+        be.fill_uniform(xt, 7, -2.0f, 2.0f);
+        be.synchronize();
+        const double us = backend_graph_us(be, calls, [&](int i) {
+          be.matmul(xt, wt[static_cast<size_t>(i % copies)], Tensor(), ot);
+        });
+        const double gbs = static_cast<double>(wbytes) / us / 1e3;
+        std::printf("%-8s %5lld %9.1f %8.1f %6.1f%%\n", sh.name, static_cast<long long>(n), us, gbs,
+                    100.0 * gbs / copy_gbs);
+        std::fflush(stdout);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -305,6 +354,12 @@ int main(int argc, char** argv) {
     return 0;
   }
 
+  if (argc > 1 && std::strcmp(argv[1], "gemm-small-quant") == 0) {
+    const double copy_gbs = copy_ceiling(*be);
+    gemm_small_quant_sweep(*be, copy_gbs);
+    std::printf("copy ceiling %.0f GB/s\n", copy_gbs);
+    return 0;
+  }
   if (argc > 1 && std::strcmp(argv[1], "gemm-small") == 0) {
     const double copy_gbs = copy_ceiling(*be);
     gemm_small_sweep(*be, copy_gbs);

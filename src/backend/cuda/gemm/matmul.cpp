@@ -131,6 +131,14 @@ int64_t env_gemv_max_rows() {
   return n;
 }
 
+// OSPREY_QGEMV_MAX_ROWS (1..kQuantGemvMaxRows, read once): the quantised
+// GEMV's row limit, for A/B runs against the dequantised panels + cuBLASLt
+// (gpu_op_bench gemm-small-quant); default kQuantGemvMaxRows.
+int64_t quant_gemv_max_rows() {
+  static const int64_t n = env_int("OSPREY_QGEMV_MAX_ROWS", 1, kQuantGemvMaxRows, kQuantGemvMaxRows);
+  return n;
+}
+
 bool is_16bit(DType t) {
   return t == DType::kBF16 || t == DType::kF16;
 }
@@ -453,7 +461,7 @@ int64_t CudaBackend::gemv_max_rows16() const {
 }
 
 bool CudaBackend::gemv_rows(int64_t n, DType xt, DType wt) const {
-  if (dtype_is_quantized(wt)) return n <= kQuantGemvMaxRows;
+  if (dtype_is_quantized(wt)) return n <= quant_gemv_max_rows();
   if (is_16bit(xt) && wt == xt) return n <= gemv_max_rows16();
   return n <= kDenseGemvMaxRows;
 }
