@@ -37,6 +37,7 @@
 #include <span>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "../attention_batch.h"
@@ -247,11 +248,43 @@ double backend_graph_us(ops::Backend& be, int calls, const std::function<void(in
   return t[t.size() / 2];
 }
 
-// Small-n GEMM sweep (see the file comment). Weights: enough copies of each
-// matrix (>= 256 MiB together) that back-to-back calls read device memory,
-// not L2; random values (zeros run faster than real data). GB/s counts the
-// bytes one call must move (weights + x + out); % copy is against the copy
-// ceiling (read + write).
+// Enough copies of a [m, k] weight of dtype t (>= 256 MiB together, at most
+// 16) that back-to-back calls read device memory, not L2. Random values
+// (zeros run faster than real data): float weights uniform in +-0.05 from
+// seed + copy; quantised ones get their packed bytes filled as F16 numbers
+// (finite scales, arbitrary quants).
+struct WeightCopies {
+  size_t bytes = 0;  // of one copy
+  std::vector<std::unique_ptr<Buf>> bufs;
+  std::vector<Tensor> w;
+};
+WeightCopies weight_copies(ops::Backend& be, DType t, int64_t m, int64_t k, uint64_t seed) {
+  WeightCopies wc;
+  wc.bytes = static_cast<size_t>(dtype_row_bytes(t, k) * m);
+  const int copies = static_cast<int>(std::clamp<size_t>(((size_t{256} << 20) + wc.bytes - 1) / wc.bytes, 1, 16));
+  for (int c = 0; c < copies; ++c) {
+    wc.bufs.push_back(std::make_unique<Buf>(be, wc.bytes));
+    wc.w.push_back(Tensor(wc.bufs.back()->p, t, {m, k}, Device::kCuda));
+    Tensor fill = dtype_is_quantized(t)
+                      ? Tensor(wc.bufs.back()->p, DType::kF16, {static_cast<int64_t>(wc.bytes / 2)}, Device::kCuda)
+                      : wc.w.back();
+    be.fill_uniform(fill, seed + static_cast<uint64_t>(c), -0.05f, 0.05f);
+  }
+  return wc;
+}
+
+// Microseconds per matmul(x, w) in graph replay, the calls cycling over the
+// copies (at least 8 calls, whole rounds of copies).
+double matmul_over_copies_us(ops::Backend& be, const Tensor& x, const WeightCopies& wc, Tensor& out) {
+  const size_t copies = wc.w.size();
+  const int calls = static_cast<int>(copies) * std::max(1, static_cast<int>((8 + copies - 1) / copies));
+  return backend_graph_us(be, calls,
+                          [&](int i) { be.matmul(x, wc.w[static_cast<size_t>(i) % copies], Tensor(), out); });
+}
+
+// Small-n GEMM sweep (see the file comment), weights from weight_copies.
+// GB/s counts the bytes one call must move (weights + x + out); % copy is
+// against the copy ceiling (read + write).
 void gemm_small_sweep(ops::Backend& be, double copy_gbs) {
   struct Shape {
     const char* name;
@@ -268,26 +301,15 @@ void gemm_small_sweep(ops::Backend& be, double copy_gbs) {
                 std::string(dtype_name(t)).c_str());
     std::printf("%-8s %5s %9s %8s %7s %8s\n", "shape", "n", "us", "GB/s", "% copy", "TFLOP/s");
     for (const Shape& sh : shapes) {
-      const size_t wbytes = static_cast<size_t>(sh.m * sh.k) * 2;
-      const int copies = static_cast<int>(std::clamp<size_t>(((size_t{256} << 20) + wbytes - 1) / wbytes, 1, 16));
-      std::vector<std::unique_ptr<Buf>> ws;
-      std::vector<Tensor> wt;
-      for (int c = 0; c < copies; ++c) {
-        ws.push_back(std::make_unique<Buf>(be, wbytes));
-        wt.push_back(Tensor(ws.back()->p, t, {sh.m, sh.k}, Device::kCuda));
-        be.fill_uniform(wt.back(), 100 + static_cast<uint64_t>(c), -0.05f, 0.05f);
-      }
-      const int calls = copies * std::max(1, (8 + copies - 1) / copies);
+      const WeightCopies wc = weight_copies(be, t, sh.m, sh.k, 100);
       Buf x(be, static_cast<size_t>(128 * sh.k) * 2), o(be, static_cast<size_t>(128 * sh.m) * 2);
       for (int64_t n : rows) {
         if (t == DType::kF16 && n != 16 && n != 64 && n != 128) continue;
         Tensor xt(x.p, t, {n, sh.k}, Device::kCuda), ot(o.p, t, {n, sh.m}, Device::kCuda);
         be.fill_uniform(xt, 7, -2.0f, 2.0f);
         be.synchronize();
-        const double us = backend_graph_us(be, calls, [&](int i) {
-          be.matmul(xt, wt[static_cast<size_t>(i % copies)], Tensor(), ot);
-        });
-        const double bytes = static_cast<double>(wbytes) + 2.0 * n * sh.k + 2.0 * n * sh.m;
+        const double us = matmul_over_copies_us(be, xt, wc, ot);
+        const double bytes = static_cast<double>(wc.bytes) + 2.0 * n * sh.k + 2.0 * n * sh.m;
         const double gbs = bytes / us / 1e3;
         std::printf("%-8s %5lld %9.1f %8.1f %6.1f%% %8.1f\n", sh.name, static_cast<long long>(n), us, gbs,
                     100.0 * gbs / copy_gbs, 2.0 * n * sh.m * sh.k / us / 1e6);
@@ -311,27 +333,14 @@ void gemm_small_quant_sweep(ops::Backend& be, double copy_gbs) {
                 env != nullptr ? env : "(unset)");
     std::printf("%-8s %5s %9s %8s %7s\n", "shape", "n", "us", "GB/s", "% copy");
     for (const Shape& sh : shapes) {
-      const size_t wbytes = static_cast<size_t>(dtype_row_bytes(t, sh.k) * sh.m);
-      const int copies = static_cast<int>(std::clamp<size_t>(((size_t{256} << 20) + wbytes - 1) / wbytes, 1, 16));
-      std::vector<std::unique_ptr<Buf>> ws;
-      std::vector<Tensor> wt;
-      for (int c = 0; c < copies; ++c) {
-        ws.push_back(std::make_unique<Buf>(be, wbytes));
-        wt.push_back(Tensor(ws.back()->p, t, {sh.m, sh.k}, Device::kCuda));
-        // The packed bytes as F16 numbers: finite scales and arbitrary quants.
-        Tensor as16(ws.back()->p, DType::kF16, {static_cast<int64_t>(wbytes / 2)}, Device::kCuda);
-        be.fill_uniform(as16, 300 + static_cast<uint64_t>(c), -0.05f, 0.05f);
-      }
-      const int calls = copies * std::max(1, (8 + copies - 1) / copies);
+      const WeightCopies wc = weight_copies(be, t, sh.m, sh.k, 300);
       Buf x(be, static_cast<size_t>(64 * sh.k) * 2), o(be, static_cast<size_t>(64 * sh.m) * 2);
       for (int64_t n : rows) {
         Tensor xt(x.p, DType::kBF16, {n, sh.k}, Device::kCuda), ot(o.p, DType::kBF16, {n, sh.m}, Device::kCuda);
         be.fill_uniform(xt, 7, -2.0f, 2.0f);
         be.synchronize();
-        const double us = backend_graph_us(be, calls, [&](int i) {
-          be.matmul(xt, wt[static_cast<size_t>(i % copies)], Tensor(), ot);
-        });
-        const double gbs = static_cast<double>(wbytes) / us / 1e3;
+        const double us = matmul_over_copies_us(be, xt, wc, ot);
+        const double gbs = static_cast<double>(wc.bytes) / us / 1e3;
         std::printf("%-8s %5lld %9.1f %8.1f %6.1f%%\n", sh.name, static_cast<long long>(n), us, gbs,
                     100.0 * gbs / copy_gbs);
         std::fflush(stdout);
@@ -347,24 +356,18 @@ int main(int argc, char** argv) {
   if (!be) return 1;
   std::printf("device: %s\n", be->name());
   std::printf("%-34s %-30s %10s %9s\n", "op", "shape", "us", "rate");
-  if (argc > 1 && std::strcmp(argv[1], "decode-attention") == 0) {
-    const double copy_gbs = copy_ceiling(*be);
-    decode_attention_sweep(*be, copy_gbs);
-    std::printf("copy ceiling %.0f GB/s\n", copy_gbs);
-    return 0;
-  }
-
-  if (argc > 1 && std::strcmp(argv[1], "gemm-small-quant") == 0) {
-    const double copy_gbs = copy_ceiling(*be);
-    gemm_small_quant_sweep(*be, copy_gbs);
-    std::printf("copy ceiling %.0f GB/s\n", copy_gbs);
-    return 0;
-  }
-  if (argc > 1 && std::strcmp(argv[1], "gemm-small") == 0) {
-    const double copy_gbs = copy_ceiling(*be);
-    gemm_small_sweep(*be, copy_gbs);
-    std::printf("copy ceiling %.0f GB/s\n", copy_gbs);
-    return 0;
+  // One sweep alone, after the copy ceiling it is measured against.
+  const std::pair<const char*, void (*)(ops::Backend&, double)> sweeps[] = {
+      {"decode-attention", decode_attention_sweep},
+      {"gemm-small", gemm_small_sweep},
+      {"gemm-small-quant", gemm_small_quant_sweep}};
+  for (const auto& [name, sweep] : sweeps) {
+    if (argc > 1 && std::strcmp(argv[1], name) == 0) {
+      const double copy_gbs = copy_ceiling(*be);
+      sweep(*be, copy_gbs);
+      std::printf("copy ceiling %.0f GB/s\n", copy_gbs);
+      return 0;
+    }
   }
 
   const double copy_gbs = copy_ceiling(*be);
