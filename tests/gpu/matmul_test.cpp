@@ -220,7 +220,8 @@ TEST_F(MatmulTest, TuningRowsAreOnePerBucket) {
   // OSPREY_GEMV_MAX_ROWS overrides it) up to 8, multiples of 8 from 16 to
   // 512, of 64 to 2048, then powers of two; the last is max_rows itself.
   const char* env = std::getenv("OSPREY_GEMV_MAX_ROWS");
-  const int64_t first = env != nullptr ? std::atoi(env) + 1 : 2;
+  const int64_t limit = env != nullptr ? std::atoi(env) : 0;  // 0 or unset: the option's 1
+  const int64_t first = (limit >= 1 ? limit : 1) + 1;
   std::vector<int64_t> small;
   for (int64_t n = first; n <= 8; ++n) small.push_back(n);
   std::vector<int64_t> want = small;

@@ -120,7 +120,7 @@ int64_t tune_bucket(int64_t n) {
   if (n <= 8) return n;  // small-batch decode: each n its own pick
   if (n <= lt_fine_max_rows() && tune_mode() != TuneMode::kPow2) return (n + 7) / 8 * 8;
   if (n <= kLtMidTuneMaxRows && tune_mode() != TuneMode::kPow2) return (n + 63) / 64 * 64;
-  int64_t b = 16;
+  int64_t b = 16;  // the first power-of-two bucket above the per-n ones
   while (b < n) b <<= 1;
   return b;
 }
