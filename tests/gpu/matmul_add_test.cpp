@@ -95,10 +95,11 @@ constexpr DType kActTypes[] = {DType::kBF16, DType::kF16, DType::kF32};
 // Rows at which the GEMV runs for activations of dtype at (matmul.cpp:
 // gemv_rows; the default CudaBackendOptions::gemv_max_rows of 1 for 16-bit
 // activations on weights of their dtype, kDenseGemvMaxRows = 8 for other
-// float weights, kQuantGemvMaxRows = 32 for quantised ones). Not known
-// under OSPREY_GEMV_MAX_ROWS: the GEMV-only check below is then skipped.
+// float weights, kQuantGemvDefaultRows = 4 for quantised ones). Not known
+// under OSPREY_GEMV_MAX_ROWS / OSPREY_QGEMV_MAX_ROWS: the GEMV-only check
+// below is then skipped.
 bool gemv_rows(DType wt, DType at, int64_t n) {
-  if (dtype_is_quantized(wt)) return n <= 32;
+  if (dtype_is_quantized(wt)) return n <= 4;
   if ((at == DType::kBF16 || at == DType::kF16) && wt == at) return n <= 1;
   return n <= 8;
 }
@@ -151,7 +152,8 @@ TEST_F(MatmulAddTest, MatchesFloat64ReferenceEveryDtypeAndPath) {
           std::vector<double> ref(nr);
           for (size_t i = 0; i < nr; ++i) ref[i] = double{r[i]} + prod[i];
           expect_close(got, ref, tol.nmse, tol.max_rel, what);
-          if (gemv_rows(wt, at, n) && std::getenv("OSPREY_GEMV_MAX_ROWS") == nullptr) {
+          if (gemv_rows(wt, at, n) && std::getenv("OSPREY_GEMV_MAX_ROWS") == nullptr &&
+              std::getenv("OSPREY_QGEMV_MAX_ROWS") == nullptr) {
             // The GEMV's sum is the one matmul writes to F32: one fp32 add, one rounding.
             DeviceMem gf(gpu(), nr * 4);
             Tensor ft = dev_tensor(gf, DType::kF32, {n, m});

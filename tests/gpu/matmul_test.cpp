@@ -3,6 +3,8 @@
 // panel paths (row counts either side of each threshold), bias on and off,
 // odd k and unaligned activations; and the batch-1 decode chain queued back
 // to back (programmatic dependent launch) against the same ops serialised.
+#include <cuda_runtime.h>
+
 #include <cmath>
 #include <cstdlib>
 
@@ -115,6 +117,42 @@ TEST_F(MatmulTest, ZeroRowsIsANoOp) {
 // Panels of a large weight: more rows than fit one 64 MiB panel at this k.
 TEST_F(MatmulTest, QuantisedPanelsCoverEveryRow) {
   check_matmul(gpu(), DType::kQ4_1, Shape{40, 4200, 4096}, true, 4000, kFp32Nmse);
+}
+
+// launch_dequant_rows (the quantised panels of the batched path): every
+// quantised dtype into F32, BF16 and F16 panels, against the core
+// reference dequantize_row. Q8_0 / Q4_0 values are one product (d * q), so
+// F32 must match bit for bit; Q4_1's d * q + m may be one fused
+// multiply-add on the device (1 ulp). The 16-bit panels must be the F32
+// panel rounded (round to nearest even). Rows of 33 blocks, an odd count,
+// and a row count that leaves a partial last warp.
+TEST_F(MatmulTest, DequantRowsMatchReference) {
+  const int64_t rows = 37, k = 33 * 32;
+  for (DType t : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1}) {
+    const auto packed = pack(t, random_floats(static_cast<size_t>(rows * k), 7100, -3.0f, 3.0f), rows, k);
+    const auto ref = unpack(t, packed, rows, k);
+    DeviceMem gw = upload(gpu(), packed);
+    DeviceMem g32(gpu(), static_cast<size_t>(rows * k) * 4), g16(gpu(), static_cast<size_t>(rows * k) * 2);
+    gpu().synchronize();
+    cuda::launch_dequant_rows(t, gw.get(), dtype_row_bytes(t, k), rows, k, g32.as<float>(), nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const auto f32 = download<float>(gpu(), g32, static_cast<size_t>(rows * k));
+    int64_t off = 0;
+    for (size_t i = 0; i < f32.size(); ++i) {
+      const double tol = t == DType::kQ4_1 ? std::abs(ref[i]) * 1.2e-7 + 1e-30 : 0.0;
+      if (std::abs(static_cast<double>(f32[i]) - ref[i]) > tol && off++ < 5) {
+        ADD_FAILURE() << dtype_name(t) << " element " << i << ": " << f32[i] << " vs " << ref[i];
+      }
+    }
+    EXPECT_EQ(off, 0) << dtype_name(t) << " F32 panel";
+    for (DType ot : {DType::kBF16, DType::kF16}) {
+      cuda::launch_dequant_rows(t, gw.get(), dtype_row_bytes(t, k), rows, k, ot, g16.get(), nullptr);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const auto h = download<uint16_t>(gpu(), g16, static_cast<size_t>(rows * k));
+      const auto want = ot == DType::kBF16 ? to_bf16(f32) : to_f16(f32);
+      EXPECT_EQ(h, want) << dtype_name(t) << " -> " << dtype_name(ot);
+    }
+  }
 }
 
 // The batch-1 decode chain (norm -> GEMV -> SiLU-and-mul -> GEMV -> add +

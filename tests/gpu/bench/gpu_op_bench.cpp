@@ -13,12 +13,12 @@
 // `gpu_op_bench gemm-small-quant` runs the same sweep on Q8_0 / Q4_0 / Q4_1
 // weights (values arbitrary: the blocks' bytes filled as F16 numbers) for n
 // = 1..64, through the backend's path (the quantised GEMV up to
-// OSPREY_QGEMV_MAX_ROWS, 32 by default; dequantised panels + cuBLASLt
+// OSPREY_QGEMV_MAX_ROWS, 4 by default; dequantised panels + cuBLASLt
 // above); GB/s counts the packed weight bytes.
 //
 // `gpu_op_bench gemm-small` runs the copy ceiling and the 16-bit GEMM sweep
 // at decode batch sizes: BF16 x [n, k] @ w [m, k]^T at Llama-3-8B's weight
-// shapes for n = 1..128 (the backend's path: the own GEMV up to its row
+// shapes for n = 1..256 (the backend's path: the own GEMV up to its row
 // limit, OSPREY_GEMV_MAX_ROWS; cuBLASLt above, autotuned as
 // OSPREY_LT_AUTOTUNE says; `=pow2` for the earlier power-of-two buckets),
 // then a few F16 points.
@@ -295,14 +295,14 @@ void gemm_small_sweep(ops::Backend& be, double copy_gbs) {
                           {"gate_up", 28672, 4096},
                           {"down", 4096, 14336},
                           {"lm_head", 128256, 4096}};
-  const int64_t rows[] = {1, 2, 3, 4, 6, 8, 9, 16, 24, 32, 48, 56, 64, 96, 100, 127, 128};
+  const int64_t rows[] = {1, 2, 3, 4, 6, 8, 9, 16, 24, 32, 48, 56, 64, 96, 100, 127, 128, 160, 192, 256};
   for (DType t : {DType::kBF16, DType::kF16}) {
     std::printf("GEMM %s at small n (x [n, k] @ w [m, k]^T, out %s)\n", std::string(dtype_name(t)).c_str(),
                 std::string(dtype_name(t)).c_str());
     std::printf("%-8s %5s %9s %8s %7s %8s\n", "shape", "n", "us", "GB/s", "% copy", "TFLOP/s");
     for (const Shape& sh : shapes) {
       const WeightCopies wc = weight_copies(be, t, sh.m, sh.k, 100);
-      Buf x(be, static_cast<size_t>(128 * sh.k) * 2), o(be, static_cast<size_t>(128 * sh.m) * 2);
+      Buf x(be, static_cast<size_t>(256 * sh.k) * 2), o(be, static_cast<size_t>(256 * sh.m) * 2);
       for (int64_t n : rows) {
         if (t == DType::kF16 && n != 16 && n != 64 && n != 128) continue;
         Tensor xt(x.p, t, {n, sh.k}, Device::kCuda), ot(o.p, t, {n, sh.m}, Device::kCuda);

@@ -14,7 +14,7 @@
 //   BF16/F16 activations on weights of the same dtype, n <= gemv_max_rows16()
 //     (CudaBackendOptions::gemv_max_rows, default 1: cuBLASLt is faster from
 //     2 rows), F32 activations or other float weights n <= kDenseGemvMaxRows,
-//     quantised weights n <= kQuantGemvMaxRows: own GEMV kernels
+//     quantised weights n <= 4 (kQuantGemvDefaultRows): own GEMV kernels
 //     (gemm/gemv.cu), fp32 accumulation;
 //   BF16/F16 activations: weights of the activation dtype straight into
 //     cuBLASLt (16-bit in, fp32 accumulate, 16-bit/F32 out, plans cached per
@@ -44,7 +44,14 @@ namespace osprey::cuda {
 namespace {
 
 constexpr int64_t kDenseGemvMaxRows = 8;
-constexpr int64_t kQuantGemvMaxRows = 4 * kGemvRowsPerPass;
+constexpr int64_t kQuantGemvMaxRows = 4 * kGemvRowsPerPass;  // the most OSPREY_QGEMV_MAX_ROWS allows
+// The quantised GEMV's default row limit: it does the n dot products per
+// weight block on CUDA cores and its time grows with n (H200, Llama-3-8B
+// shapes, BF16 activations, gpu_op_bench gemm-small-quant: Q8_0 gate_up
+// 94.8 / 153.5 / 274 / 1097 us at n = 2 / 4 / 8 / 32), while the
+// dequantised BF16 panels + cuBLASLt cost the same at every n (162 us), so
+// the two meet at ~4 rows for every shape and quantised dtype measured.
+constexpr int64_t kQuantGemvDefaultRows = 4;
 // fp32 elements of one dequantised weight panel (64 MiB).
 constexpr int64_t kPanelElems = int64_t{16} << 20;
 constexpr size_t kLtWorkspaceBytes = size_t{32} << 20;  // == the cuBLAS workspace the backend reserves
@@ -133,9 +140,9 @@ int64_t env_gemv_max_rows() {
 
 // OSPREY_QGEMV_MAX_ROWS (1..kQuantGemvMaxRows, read once): the quantised
 // GEMV's row limit, for A/B runs against the dequantised panels + cuBLASLt
-// (gpu_op_bench gemm-small-quant); default kQuantGemvMaxRows.
+// (gpu_op_bench gemm-small-quant); default kQuantGemvDefaultRows.
 int64_t quant_gemv_max_rows() {
-  static const int64_t n = env_int("OSPREY_QGEMV_MAX_ROWS", 1, kQuantGemvMaxRows, kQuantGemvMaxRows);
+  static const int64_t n = env_int("OSPREY_QGEMV_MAX_ROWS", 1, kQuantGemvMaxRows, kQuantGemvDefaultRows);
   return n;
 }
 
