@@ -17,6 +17,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "backend/cuda/attention/mma_ptx.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_common.cuh"
 #include "backend/cuda/device_query.h"
@@ -373,6 +374,128 @@ __global__ void __launch_bounds__(256) dequant_blocks_kernel(const char* __restr
   }
 }
 
+// Batch-1 GEMV on Q8_0 rows whose byte length is a multiple of 16 (k a
+// multiple of 256): one warp per weight row. The row streams through two shared-memory
+// buffers of kQ1SegBlocks blocks each in 16-byte cp.async copies (the next
+// segment in flight while this one is used; the first requested before
+// pdl_wait, as weights are never written by the stream). Each group of 8
+// lanes takes one block at a time, 4 weights a lane, with the activations
+// read 4 at a time: sum_i (d q_i + m) x_i = d sum_i q_i x_i + m sum_i x_i.
+// gemv_kernel's quantised branch (one lane per block, 2-byte global loads)
+// read Q8_0 weights at 37-54% of copy bandwidth (H200, Llama-3-8B shapes);
+// this kernel at 44-66% (qkv 17.4 -> 12.8 us, o 11.7 -> 9.7, gate_up 55.9
+// -> 45.4, down 35.6 -> 30.2; gpu_op_bench gemm-small-quant, OSPREY_QGEMV1
+// A/B). The kernel is written for Q4_0 / Q4_1 too, but there it was slower
+// than gemv_kernel (gate_up Q4_0 46.4 -> 54.8 us, Q4_1 45.4 -> 60.3: half
+// the bytes per weight, so the per-weight work bounds it), so only Q8_0
+// takes it.
+constexpr int kQ1Warps = 8;
+constexpr int kQ1SegBlocks = 32;
+
+template <class XT>
+__device__ __forceinline__ void load4_act(const XT* p, float (&v)[4]) {
+  if constexpr (std::is_same_v<XT, float>) {
+    const float4 f = *reinterpret_cast<const float4*>(p);
+    v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
+  } else {
+    const uint2 u = *reinterpret_cast<const uint2*>(p);
+    const uint16_t h[4] = {static_cast<uint16_t>(u.x & 0xffffu), static_cast<uint16_t>(u.x >> 16),
+                           static_cast<uint16_t>(u.y & 0xffffu), static_cast<uint16_t>(u.y >> 16)};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      v[j] = std::is_same_v<XT, __half> ? half_bits_to_float(h[j]) : bf16_bits_to_float(h[j]);
+    }
+  }
+}
+
+template <DType T, class XT, class OT>
+__global__ void __launch_bounds__(kQ1Warps * 32)
+    qgemv1_kernel(const char* __restrict__ w, int64_t row_bytes, int64_t m, int64_t k, const XT* __restrict__ x,
+                  const float* __restrict__ bias, OT* __restrict__ out, bool accumulate) {
+  constexpr int kBlockBytes = static_cast<int>(dtype_block_bytes(T));
+  constexpr int kSeg = kQ1SegBlocks * kBlockBytes;  // 1088 / 576 / 640 bytes: multiples of 16
+  static_assert(kSeg % 16 == 0, "segments of whole 16-byte chunks");
+  __shared__ __align__(16) unsigned char smem[kQ1Warps][2][kSeg];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kQ1Warps + warp;
+  const bool valid = row < m;
+  const char* wr = w + (valid ? row : 0) * row_bytes;
+  const int nb = static_cast<int>(k / kQuantBlock);
+  const int nseg = (nb + kQ1SegBlocks - 1) / kQ1SegBlocks;
+  // Segment s into buffer s & 1; the row's length is a multiple of 16, so
+  // the last (partial) segment is too.
+  auto load_seg = [&](int s) {
+    const int bytes = min(kSeg, static_cast<int>(row_bytes - static_cast<int64_t>(s) * kSeg));
+    const char* src = wr + static_cast<int64_t>(s) * kSeg;
+    unsigned char* dst = smem[warp][s & 1];
+    for (int c = lane; c < bytes / 16; c += 32) cp_async16(dst + 16 * c, src + 16 * c, 16);
+    cp_async_commit();
+  };
+  if (valid) load_seg(0);
+  pdl_launch_dependents();
+  pdl_wait();
+  if (!valid) return;
+  const int sub = lane & 7;   // weights 4 sub .. 4 sub + 3 of a block
+  const int bsel = lane >> 3;  // first block of the segment this lane takes; then every 4th
+  const int e0 = 4 * sub;
+  float acc = 0.0f;
+  for (int s = 0; s < nseg; ++s) {
+    if (s + 1 < nseg) {
+      load_seg(s + 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncwarp();
+    const unsigned char* seg = smem[warp][s & 1];
+    const int blocks = min(kQ1SegBlocks, nb - s * kQ1SegBlocks);
+    for (int b = bsel; b < blocks; b += 4) {
+      const unsigned char* blk = seg + b * kBlockBytes;
+      float xv[4];
+      load4_act<XT>(x + (static_cast<int64_t>(s) * kQ1SegBlocks + b) * kQuantBlock + e0, xv);
+      const float d = half_bits_to_float(*reinterpret_cast<const uint16_t*>(blk));
+      float q[4];
+      if constexpr (T == DType::kQ8_0) {
+        const auto* q2 = reinterpret_cast<const uint16_t*>(blk + 2 + e0);
+        const uint16_t v0 = q2[0], v1 = q2[1];
+        q[0] = static_cast<float>(static_cast<int8_t>(v0 & 0xff));
+        q[1] = static_cast<float>(static_cast<int8_t>(v0 >> 8));
+        q[2] = static_cast<float>(static_cast<int8_t>(v1 & 0xff));
+        q[3] = static_cast<float>(static_cast<int8_t>(v1 >> 8));
+      } else {
+        constexpr int kQs = T == DType::kQ4_0 ? 2 : 4;  // offset of the nibbles in the block
+        const auto* q2 = reinterpret_cast<const uint16_t*>(blk + kQs + (e0 & 15));
+        const int shift = (e0 >> 4) * 4;  // weights 16-31: the high nibbles
+        const uint16_t v0 = q2[0], v1 = q2[1];
+        constexpr int kOff = T == DType::kQ4_0 ? -8 : 0;
+        q[0] = static_cast<float>(((v0 >> shift) & 0x0f) + kOff);
+        q[1] = static_cast<float>(((v0 >> (8 + shift)) & 0x0f) + kOff);
+        q[2] = static_cast<float>(((v1 >> shift) & 0x0f) + kOff);
+        q[3] = static_cast<float>(((v1 >> (8 + shift)) & 0x0f) + kOff);
+      }
+      const float dot = q[0] * xv[0] + q[1] * xv[1] + q[2] * xv[2] + q[3] * xv[3];
+      acc += d * dot;
+      if constexpr (T == DType::kQ4_1) {
+        const float mm = half_bits_to_float(*reinterpret_cast<const uint16_t*>(blk + 2));
+        acc += mm * (xv[0] + xv[1] + xv[2] + xv[3]);
+      }
+    }
+    __syncwarp();  // every lane is done with this buffer before segment s + 2 is copied into it
+  }
+  const float sum = warp_sum(acc);
+  if (lane == 0) {
+    float v = sum + (bias ? bias[row] : 0.0f);
+    if (accumulate) v += to_float(out[row]);
+    out[row] = from_float<OT>(v);
+  }
+}
+
+// OSPREY_QGEMV1=0: batch-1 Q8_0 rows on gemv_kernel (the A/B switch).
+bool qgemv1_enabled() {
+  static const bool on = !env_equals("OSPREY_QGEMV1", "0");
+  return on;
+}
+
 template <DType T, class XT, class OT>
 void gemv_typed(const void* w, int64_t row_bytes, int64_t m, int64_t k, const XT* x, int64_t n, const float* bias,
                 OT* out, bool accumulate, cudaStream_t stream) {
@@ -386,6 +509,13 @@ void gemv_typed(const void* w, int64_t row_bytes, int64_t m, int64_t k, const XT
     OT* op = out + r0 * m;
     // Quantised rows need no 16-byte alignment: blocks are read in 2-byte words.
     const bool v = vec || (dtype_is_quantized(T) && aligned16(xp) && (k * static_cast<int64_t>(sizeof(XT))) % 16 == 0);
+    if constexpr (T == DType::kQ8_0) {
+      if (v && rows == 1 && row_bytes % 16 == 0 && aligned16(wp) && k % kQuantBlock == 0 && qgemv1_enabled()) {
+        launch_pdl(qgemv1_kernel<T, XT, OT>, dim3(static_cast<unsigned>(ceil_div(m, kQ1Warps))), dim3(kQ1Warps * 32),
+                   0, stream, wp, row_bytes, m, k, xp, bias, op, accumulate);
+        continue;
+      }
+    }
     if (v && rows == 1) {
       launch_pdl(gemv_kernel<T, XT, OT, true, 1, kPreGroups1>, dim3(grid), dim3(kWarps * 32), 0, stream, wp, row_bytes,
                  m, k, xp, rows, bias, op, m, accumulate);
