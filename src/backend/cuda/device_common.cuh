@@ -5,6 +5,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cstdint>
+#include <type_traits>
 
 #include "core/check.h"
 #include "core/dtype.h"
@@ -261,47 +262,50 @@ __device__ __forceinline__ float load_weight(const char* row, int64_t i) {
   }
 }
 
-// Dequantises one whole block of 32 elements into out[32].
+// Eight consecutive weights [8 q, 8 q + 8) (q = 0..3) of one quantised
+// block as fp32 (load_weight's values bit for bit). Q8_0: quants 8 q ..; Q4_0 / Q4_1: weights 0-15 are the low nibbles
+// of bytes 0-15, 16-31 the high ones, so quarter q reads bytes 8 (q % 2) ..
+// and the nibble q / 2. Reads 2-byte words (blocks are 2-byte aligned).
 template <DType T>
-__device__ __forceinline__ void dequant_block(const void* block, float out[kQuantBlock]) {
+__device__ __forceinline__ void dequant_quarter(const char* block, int q, float out[8]) {
   if constexpr (T == DType::kQ8_0) {
-    const auto* b = static_cast<const BlockQ8_0*>(block);
+    const auto* b = reinterpret_cast<const BlockQ8_0*>(block);
     const float d = half_bits_to_float(b->d);
-    // qs starts 2 bytes into a 34-byte block: 2-byte loads are aligned.
-    const auto* q2 = reinterpret_cast<const uint16_t*>(b->qs);
+    const auto* q2 = reinterpret_cast<const uint16_t*>(b->qs) + 4 * q;
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
+    for (int j = 0; j < 4; ++j) {
       const uint16_t v = q2[j];
       out[2 * j] = d * static_cast<float>(static_cast<int8_t>(v & 0xff));
       out[2 * j + 1] = d * static_cast<float>(static_cast<int8_t>(v >> 8));
     }
-  } else if constexpr (T == DType::kQ4_0) {
-    const auto* b = static_cast<const BlockQ4_0*>(block);
-    const float d = half_bits_to_float(b->d);
-    const auto* q2 = reinterpret_cast<const uint16_t*>(b->qs);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const uint16_t v = q2[j];
-      out[2 * j] = d * static_cast<float>(static_cast<int>(v & 0x0f) - 8);
-      out[2 * j + 1] = d * static_cast<float>(static_cast<int>((v >> 8) & 0x0f) - 8);
-      out[2 * j + 16] = d * static_cast<float>(static_cast<int>((v >> 4) & 0x0f) - 8);
-      out[2 * j + 17] = d * static_cast<float>(static_cast<int>(v >> 12) - 8);
-    }
   } else {
-    static_assert(T == DType::kQ4_1, "dequant_block takes the quantised dtypes");
-    const auto* b = static_cast<const BlockQ4_1*>(block);
+    static_assert(T == DType::kQ4_0 || T == DType::kQ4_1, "dequant_quarter takes the quantised dtypes");
+    using B = std::conditional_t<T == DType::kQ4_0, BlockQ4_0, BlockQ4_1>;
+    const auto* b = reinterpret_cast<const B*>(block);
     const float d = half_bits_to_float(b->d);
-    const float m = half_bits_to_float(b->m);
-    const auto* q2 = reinterpret_cast<const uint16_t*>(b->qs);
+    const auto* q2 = reinterpret_cast<const uint16_t*>(b->qs) + 4 * (q & 1);
+    const int shift = (q >> 1) * 4;
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
+    for (int j = 0; j < 4; ++j) {
       const uint16_t v = q2[j];
-      out[2 * j] = d * static_cast<float>(v & 0x0f) + m;
-      out[2 * j + 1] = d * static_cast<float>((v >> 8) & 0x0f) + m;
-      out[2 * j + 16] = d * static_cast<float>((v >> 4) & 0x0f) + m;
-      out[2 * j + 17] = d * static_cast<float>(v >> 12) + m;
+      const int lo = (v >> shift) & 0x0f, hi = (v >> (8 + shift)) & 0x0f;
+      if constexpr (T == DType::kQ4_0) {
+        out[2 * j] = d * static_cast<float>(lo - 8);
+        out[2 * j + 1] = d * static_cast<float>(hi - 8);
+      } else {
+        const float m = half_bits_to_float(b->m);
+        out[2 * j] = d * static_cast<float>(lo) + m;
+        out[2 * j + 1] = d * static_cast<float>(hi) + m;
+      }
     }
   }
+}
+
+// Dequantises one whole block of 32 elements into out[32]: its four quarters.
+template <DType T>
+__device__ __forceinline__ void dequant_block(const void* block, float out[kQuantBlock]) {
+#pragma unroll
+  for (int q = 0; q < 4; ++q) dequant_quarter<T>(static_cast<const char*>(block), q, out + 8 * q);
 }
 
 }  // namespace osprey::cuda

@@ -301,46 +301,6 @@ __global__ void dequant_rows_kernel(const char* __restrict__ w, int64_t row_byte
   }
 }
 
-// Eight consecutive weights [8 q, 8 q + 8) (q = 0..3) of one quantised
-// block as fp32, with dequant_block's expressions (the same values bit for
-// bit). Q8_0: quants 8 q ..; Q4_0 / Q4_1: weights 0-15 are the low nibbles
-// of bytes 0-15, 16-31 the high ones, so quarter q reads bytes 8 (q % 2) ..
-// and the nibble q / 2. Reads 2-byte words (blocks are 2-byte aligned).
-template <DType T>
-__device__ __forceinline__ void dequant_quarter(const char* block, int q, float out[8]) {
-  if constexpr (T == DType::kQ8_0) {
-    const auto* b = reinterpret_cast<const BlockQ8_0*>(block);
-    const float d = half_bits_to_float(b->d);
-    const auto* q2 = reinterpret_cast<const uint16_t*>(b->qs) + 4 * q;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const uint16_t v = q2[j];
-      out[2 * j] = d * static_cast<float>(static_cast<int8_t>(v & 0xff));
-      out[2 * j + 1] = d * static_cast<float>(static_cast<int8_t>(v >> 8));
-    }
-  } else {
-    static_assert(T == DType::kQ4_0 || T == DType::kQ4_1, "dequant_quarter takes the quantised dtypes");
-    using B = std::conditional_t<T == DType::kQ4_0, BlockQ4_0, BlockQ4_1>;
-    const auto* b = reinterpret_cast<const B*>(block);
-    const float d = half_bits_to_float(b->d);
-    const auto* q2 = reinterpret_cast<const uint16_t*>(b->qs) + 4 * (q & 1);
-    const int shift = (q >> 1) * 4;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const uint16_t v = q2[j];
-      const int lo = (v >> shift) & 0x0f, hi = (v >> (8 + shift)) & 0x0f;
-      if constexpr (T == DType::kQ4_0) {
-        out[2 * j] = d * static_cast<float>(lo - 8);
-        out[2 * j + 1] = d * static_cast<float>(hi - 8);
-      } else {
-        const float m = half_bits_to_float(b->m);
-        out[2 * j] = d * static_cast<float>(lo) + m;
-        out[2 * j + 1] = d * static_cast<float>(hi) + m;
-      }
-    }
-  }
-}
-
 // Quantised rows -> dst [rows, k] (k % 32 == 0, dst 16-byte aligned): one
 // thread per eight weights (a quarter block), so a warp reads eight
 // consecutive blocks once each and writes 16-byte (BF16/F16) or 2 x 16-byte
@@ -375,20 +335,19 @@ __global__ void __launch_bounds__(256) dequant_blocks_kernel(const char* __restr
 }
 
 // Batch-1 GEMV on Q8_0 rows whose byte length is a multiple of 16 (k a
-// multiple of 256): one warp per weight row. The row streams through two shared-memory
-// buffers of kQ1SegBlocks blocks each in 16-byte cp.async copies (the next
-// segment in flight while this one is used; the first requested before
-// pdl_wait, as weights are never written by the stream). Each group of 8
-// lanes takes one block at a time, 4 weights a lane, with the activations
-// read 4 at a time: sum_i (d q_i + m) x_i = d sum_i q_i x_i + m sum_i x_i.
-// gemv_kernel's quantised branch (one lane per block, 2-byte global loads)
-// read Q8_0 weights at 37-54% of copy bandwidth (H200, Llama-3-8B shapes);
-// this kernel at 44-66% (qkv 17.4 -> 12.8 us, o 11.7 -> 9.7, gate_up 55.9
-// -> 45.4, down 35.6 -> 30.2; gpu_op_bench gemm-small-quant, OSPREY_QGEMV1
-// A/B). The kernel is written for Q4_0 / Q4_1 too, but there it was slower
-// than gemv_kernel (gate_up Q4_0 46.4 -> 54.8 us, Q4_1 45.4 -> 60.3: half
-// the bytes per weight, so the per-weight work bounds it), so only Q8_0
-// takes it.
+// multiple of 256): one warp per weight row. The row streams through two
+// shared-memory buffers of kQ1SegBlocks blocks each in 16-byte cp.async
+// copies (the next segment in flight while this one is used; the first
+// requested before pdl_wait, as weights are never written by the stream).
+// Each group of 8 lanes takes one block at a time, 4 weights a lane, with
+// the activations read 4 at a time. gemv_kernel's quantised branch (one
+// lane per block, 2-byte global loads) read Q8_0 weights at 37-54% of copy
+// bandwidth (H200, Llama-3-8B shapes); this kernel at 44-66% (qkv 17.4 ->
+// 12.8 us, o 11.7 -> 9.7, gate_up 55.9 -> 45.4, down 35.6 -> 30.2;
+// gpu_op_bench gemm-small-quant, OSPREY_QGEMV1 A/B). The same scheme for
+// Q4_0 / Q4_1 was slower than gemv_kernel (gate_up Q4_0 46.4 -> 54.8 us,
+// Q4_1 45.4 -> 60.3: half the bytes per weight, so the per-weight work
+// bounds it), so they keep gemv_kernel (docs/PERF.md, session 11).
 constexpr int kQ1Warps = 8;
 constexpr int kQ1SegBlocks = 32;
 
@@ -408,12 +367,12 @@ __device__ __forceinline__ void load4_act(const XT* p, float (&v)[4]) {
   }
 }
 
-template <DType T, class XT, class OT>
+template <class XT, class OT>
 __global__ void __launch_bounds__(kQ1Warps * 32)
     qgemv1_kernel(const char* __restrict__ w, int64_t row_bytes, int64_t m, int64_t k, const XT* __restrict__ x,
                   const float* __restrict__ bias, OT* __restrict__ out, bool accumulate) {
-  constexpr int kBlockBytes = static_cast<int>(dtype_block_bytes(T));
-  constexpr int kSeg = kQ1SegBlocks * kBlockBytes;  // 1088 / 576 / 640 bytes: multiples of 16
+  constexpr int kBlockBytes = static_cast<int>(dtype_block_bytes(DType::kQ8_0));
+  constexpr int kSeg = kQ1SegBlocks * kBlockBytes;  // 1088 bytes
   static_assert(kSeg % 16 == 0, "segments of whole 16-byte chunks");
   __shared__ __align__(16) unsigned char smem[kQ1Warps][2][kSeg];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -454,31 +413,13 @@ __global__ void __launch_bounds__(kQ1Warps * 32)
       float xv[4];
       load4_act<XT>(x + (static_cast<int64_t>(s) * kQ1SegBlocks + b) * kQuantBlock + e0, xv);
       const float d = half_bits_to_float(*reinterpret_cast<const uint16_t*>(blk));
-      float q[4];
-      if constexpr (T == DType::kQ8_0) {
-        const auto* q2 = reinterpret_cast<const uint16_t*>(blk + 2 + e0);
-        const uint16_t v0 = q2[0], v1 = q2[1];
-        q[0] = static_cast<float>(static_cast<int8_t>(v0 & 0xff));
-        q[1] = static_cast<float>(static_cast<int8_t>(v0 >> 8));
-        q[2] = static_cast<float>(static_cast<int8_t>(v1 & 0xff));
-        q[3] = static_cast<float>(static_cast<int8_t>(v1 >> 8));
-      } else {
-        constexpr int kQs = T == DType::kQ4_0 ? 2 : 4;  // offset of the nibbles in the block
-        const auto* q2 = reinterpret_cast<const uint16_t*>(blk + kQs + (e0 & 15));
-        const int shift = (e0 >> 4) * 4;  // weights 16-31: the high nibbles
-        const uint16_t v0 = q2[0], v1 = q2[1];
-        constexpr int kOff = T == DType::kQ4_0 ? -8 : 0;
-        q[0] = static_cast<float>(((v0 >> shift) & 0x0f) + kOff);
-        q[1] = static_cast<float>(((v0 >> (8 + shift)) & 0x0f) + kOff);
-        q[2] = static_cast<float>(((v1 >> shift) & 0x0f) + kOff);
-        q[3] = static_cast<float>(((v1 >> (8 + shift)) & 0x0f) + kOff);
-      }
-      const float dot = q[0] * xv[0] + q[1] * xv[1] + q[2] * xv[2] + q[3] * xv[3];
+      const auto* q2 = reinterpret_cast<const uint16_t*>(blk + 2 + e0);  // quants e0 .. e0 + 3
+      const uint16_t v0 = q2[0], v1 = q2[1];
+      const float dot = static_cast<float>(static_cast<int8_t>(v0 & 0xff)) * xv[0] +
+                        static_cast<float>(static_cast<int8_t>(v0 >> 8)) * xv[1] +
+                        static_cast<float>(static_cast<int8_t>(v1 & 0xff)) * xv[2] +
+                        static_cast<float>(static_cast<int8_t>(v1 >> 8)) * xv[3];
       acc += d * dot;
-      if constexpr (T == DType::kQ4_1) {
-        const float mm = half_bits_to_float(*reinterpret_cast<const uint16_t*>(blk + 2));
-        acc += mm * (xv[0] + xv[1] + xv[2] + xv[3]);
-      }
     }
     __syncwarp();  // every lane is done with this buffer before segment s + 2 is copied into it
   }
@@ -496,6 +437,21 @@ bool qgemv1_enabled() {
   return on;
 }
 
+// launch_dequant_rows for weight dtype W: dequant_blocks_kernel where
+// `blocks` (quantised W, k % 32 == 0, dst 16-byte aligned), else
+// dequant_rows_kernel.
+template <DType W, class OT>
+void dequant_typed(bool blocks, unsigned grid, const char* w, int64_t row_bytes, int64_t rows, int64_t k, OT* dst,
+                   cudaStream_t stream) {
+  if constexpr (dtype_is_quantized(W)) {
+    if (blocks) {
+      dequant_blocks_kernel<W, OT><<<grid, 256, 0, stream>>>(w, row_bytes, rows, k / kQuantBlock, dst);
+      return;
+    }
+  }
+  dequant_rows_kernel<W, OT><<<grid, 256, 0, stream>>>(w, row_bytes, rows, k, dst);
+}
+
 template <DType T, class XT, class OT>
 void gemv_typed(const void* w, int64_t row_bytes, int64_t m, int64_t k, const XT* x, int64_t n, const float* bias,
                 OT* out, bool accumulate, cudaStream_t stream) {
@@ -511,7 +467,7 @@ void gemv_typed(const void* w, int64_t row_bytes, int64_t m, int64_t k, const XT
     const bool v = vec || (dtype_is_quantized(T) && aligned16(xp) && (k * static_cast<int64_t>(sizeof(XT))) % 16 == 0);
     if constexpr (T == DType::kQ8_0) {
       if (v && rows == 1 && row_bytes % 16 == 0 && aligned16(wp) && k % kQuantBlock == 0 && qgemv1_enabled()) {
-        launch_pdl(qgemv1_kernel<T, XT, OT>, dim3(static_cast<unsigned>(ceil_div(m, kQ1Warps))), dim3(kQ1Warps * 32),
+        launch_pdl(qgemv1_kernel<XT, OT>, dim3(static_cast<unsigned>(ceil_div(m, kQ1Warps))), dim3(kQ1Warps * 32),
                    0, stream, wp, row_bytes, m, k, xp, bias, op, accumulate);
         continue;
       }
@@ -944,31 +900,14 @@ void launch_dequant_rows(DType dtype, const void* w, int64_t row_bytes, int64_t 
                          void* dst, cudaStream_t stream) {
   if (rows * k == 0) return;
   const auto* wp = static_cast<const char*>(w);
-  if (dtype_is_quantized(dtype) && k % kQuantBlock == 0 && aligned16(dst)) {
-    const int64_t nb = k / kQuantBlock;
-    const unsigned grid = static_cast<unsigned>(std::min<int64_t>(ceil_div(rows * nb * 4, 256), 65535 * 16));
-    OSP_DISPATCH_ACT(out_dtype, OT, {
-      OT* d = static_cast<OT*>(dst);
-      switch (dtype) {
-        case DType::kQ8_0:
-          dequant_blocks_kernel<DType::kQ8_0, OT><<<grid, 256, 0, stream>>>(wp, row_bytes, rows, nb, d);
-          break;
-        case DType::kQ4_0:
-          dequant_blocks_kernel<DType::kQ4_0, OT><<<grid, 256, 0, stream>>>(wp, row_bytes, rows, nb, d);
-          break;
-        default:
-          dequant_blocks_kernel<DType::kQ4_1, OT><<<grid, 256, 0, stream>>>(wp, row_bytes, rows, nb, d);
-          break;
-      }
-    });
-    OSP_CUDA_CHECK_LAUNCH();
-    return;
-  }
-  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(ceil_div(rows * k, 256), 65535 * 16));
+  // Quantised rows: a thread per quarter block where k and dst allow it.
+  const bool blocks = dtype_is_quantized(dtype) && k % kQuantBlock == 0 && aligned16(dst);
+  const int64_t threads = blocks ? rows * (k / kQuantBlock) * 4 : rows * k;
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(ceil_div(threads, 256), 65535 * 16));
   OSP_DISPATCH_ACT(out_dtype, OT, {
     OT* d = static_cast<OT*>(dst);
     OSP_DISPATCH_WEIGHT(dtype, W, "dequant_rows: unsupported weight dtype ",
-                        dequant_rows_kernel<W, OT><<<grid, 256, 0, stream>>>(wp, row_bytes, rows, k, d));
+                        dequant_typed<W>(blocks, grid, wp, row_bytes, rows, k, d, stream));
   });
   OSP_CUDA_CHECK_LAUNCH();
 }

@@ -475,8 +475,7 @@ bool CudaBackend::gemv_rows(int64_t n, DType xt, DType wt) const {
 
 bool CudaBackend::fuses_rms_norm_matmul(int64_t n, DType act) const {
   static const bool env_off = env_equals("OSPREY_FUSED_NORM", "0");
-  return options_.fused_norm && !env_off && (act == DType::kBF16 || act == DType::kF16) && n >= 1 &&
-         n <= gemv_max_rows16();
+  return options_.fused_norm && !env_off && is_16bit(act) && n >= 1 && n <= gemv_max_rows16();
 }
 
 namespace {
