@@ -6,7 +6,7 @@
 // prints figures and asserts nothing. Built as model_bench next to gpu_tests.
 //
 // Usage: model_bench [config name, default llama-3-8b] [dtype, default bfloat16] [--decode-only] [--ctx N]...
-//        [--ttft-reps N] [--ttft-gap-ms G] [--batch N]... [--pool-gb G] [--scatter] [--mixed P]
+//        [--ttft-reps N] [--ttft-gap-ms G] [--batch N]... [--pool-gb G] [--scatter] [--mixed P] [--profile-step]
 // --decode-only skips the TTFT and prefill breakdown (A/B runs of decode
 // switches such as OSPREY_CUDA_NO_PDL=1, which the header line echoes);
 // --ctx N (repeatable, 1..8192) replaces the decode contexts 512, 2048,
@@ -33,6 +33,24 @@
 // new tokens (serving's mixed steps: decodes riding along a prompt chunk;
 // the MBU column then still counts only the decodes' bytes). Run it with
 // OSPREY_MIXED_ATTENTION=joint for the single-launch attention (A/B).
+// --profile-step brackets one eager decode step of every --batch x --ctx
+// pair with cudaProfilerStart/Stop, for `ncu --profile-from-start off`:
+// each kernel's own time and DRAM bytes, without the event overhead of the
+// breakdown (bench/gpu/ncu_step.sh).
+// --graph-edges prints, for the first --batch x --ctx pair, the captured
+// decode step's kernel nodes in order with the type of the edge into each
+// (programmatic = the node may start before the one before it ends: PDL).
+// --pdl-gemm (an experiment, first --batch x --ctx pair): captures the
+// decode step twice, turns every ordinary edge into a cuBLAS kernel node
+// (a node whose name the runtime cannot give) of the second graph into a
+// programmatic one (the GEMM may launch before the kernel before it ends;
+// correct only if the GEMM waits on its dependencies, griddepcontrol.wait),
+// then replays both with new token ids each time, compares the first
+// logits rows bit for bit, and times both.
+// OSPREY_BENCH_SKIP=label[,label...] leaves those ops (breakdown labels,
+// e.g. rms_scale+silu_mul) out of every step: the time a fusion that
+// removed them could save at most.
+#include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -194,6 +212,7 @@ class ProfilingBackend final : public ops::Backend {
  private:
   template <class F>
   void timed(const std::string& label, F&& fn) {
+    if (skipped(label)) return;
     if (!on || 2 * labels_.size() + 2 > events_.size()) {
       fn();
       return;
@@ -203,6 +222,27 @@ class ProfilingBackend final : public ops::Backend {
     fn();
     CK(cudaEventRecord(events_[2 * i + 1], stream_));
     labels_.push_back(label);
+  }
+  // OSPREY_BENCH_SKIP: comma-separated op labels that are not run at all
+  // (a leave-one-out timing: what the step would take without them; the
+  // outputs are then wrong, so only the times mean anything).
+  static bool skipped(const std::string& label) {
+    static const std::vector<std::string> skip = [] {
+      std::vector<std::string> v;
+      const char* e = std::getenv("OSPREY_BENCH_SKIP");
+      std::string cur;
+      for (const char* c = e ? e : ""; ; ++c) {
+        if (*c == ',' || *c == '\0') {
+          if (!cur.empty()) v.push_back(cur);
+          cur.clear();
+          if (*c == '\0') break;
+        } else {
+          cur += *c;
+        }
+      }
+      return v;
+    }();
+    return std::find(skip.begin(), skip.end(), label) != skip.end();
   }
   ops::Backend& b_;
   cudaStream_t stream_;
@@ -331,6 +371,145 @@ void print_breakdown(ProfilingBackend& prof, const std::map<std::string, std::pa
   std::printf("  %-28s %6s %10.3f (sum of op times)\n", "total", "", total);
 }
 
+// Captures fn on stream (not instantiated) and prints its kernel nodes in
+// topological order: name, grid, and the types of the edges into the node.
+template <class F>
+void print_graph_edges(cudaStream_t stream, F&& fn) {
+  CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
+  fn();
+  cudaGraph_t g = nullptr;
+  CK(cudaStreamEndCapture(stream, &g));
+  size_t num_nodes = 0, num_edges = 0;
+  CK(cudaGraphGetNodes(g, nullptr, &num_nodes));
+  std::vector<cudaGraphNode_t> nodes(num_nodes);
+  CK(cudaGraphGetNodes(g, nodes.data(), &num_nodes));
+  CK(cudaGraphGetEdges(g, nullptr, nullptr, nullptr, &num_edges));
+  std::vector<cudaGraphNode_t> from(num_edges), to(num_edges);
+  std::vector<cudaGraphEdgeData> data(num_edges);
+  CK(cudaGraphGetEdges(g, from.data(), to.data(), data.data(), &num_edges));
+  std::map<cudaGraphNode_t, size_t> index;
+  for (size_t i = 0; i < nodes.size(); ++i) index[nodes[i]] = i;
+  size_t programmatic = 0;
+  for (const auto& e : data) programmatic += e.type == cudaGraphDependencyTypeProgrammatic ? 1 : 0;
+  std::printf("graph: %zu nodes, %zu edges, %zu programmatic\n", num_nodes, num_edges, programmatic);
+  for (size_t i = 0; i < nodes.size() && i < 40; ++i) {
+    cudaGraphNodeType type{};
+    CK(cudaGraphNodeGetType(nodes[i], &type));
+    std::string name = "(not a kernel)";
+    if (type == cudaGraphNodeTypeKernel) {
+      cudaKernelNodeParams kp{};
+      const char* fname = nullptr;
+      if (cudaGraphKernelNodeGetParams(nodes[i], &kp) == cudaSuccess && cudaFuncGetName(&fname, kp.func) == cudaSuccess &&
+          fname != nullptr) {
+        name = fname;
+      } else {
+        name = "(kernel, name unknown)";
+        cudaGetLastError();
+      }
+    }
+    std::string in;
+    for (size_t e = 0; e < num_edges; ++e) {
+      if (to[e] != nodes[i]) continue;
+      in += " <- " + std::to_string(index[from[e]]) +
+            (data[e].type == cudaGraphDependencyTypeProgrammatic
+                 ? (data[e].from_port == cudaGraphKernelNodePortProgrammatic ? " (programmatic)" : " (launch completion)")
+                 : "");
+    }
+    std::printf("  node %3zu %.90s%s\n", i, name.c_str(), in.c_str());
+  }
+  CK(cudaGraphDestroy(g));
+}
+
+// Whether graph node n is a kernel whose name the runtime cannot give (a
+// library's kernel: cuBLAS here).
+bool is_unnamed_kernel(cudaGraphNode_t n) {
+  cudaGraphNodeType type{};
+  CK(cudaGraphNodeGetType(n, &type));
+  if (type != cudaGraphNodeTypeKernel) return false;
+  cudaKernelNodeParams kp{};
+  const char* fname = nullptr;
+  const bool named = cudaGraphKernelNodeGetParams(n, &kp) == cudaSuccess &&
+                     cudaFuncGetName(&fname, kp.func) == cudaSuccess && fname != nullptr;
+  cudaGetLastError();
+  return !named;
+}
+
+template <class F>
+void pdl_gemm_experiment(cudaStream_t stream, ops::Backend& be, F&& forward, int32_t* ids_dev, int num_ids,
+                         int vocab) {
+  Tensor logits;
+  auto capture = [&](bool programmatic, int& converted) {
+    CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
+    logits = forward();
+    cudaGraph_t g = nullptr;
+    CK(cudaStreamEndCapture(stream, &g));
+    converted = 0;
+    if (programmatic) {
+      size_t num_edges = 0;
+      CK(cudaGraphGetEdges(g, nullptr, nullptr, nullptr, &num_edges));
+      std::vector<cudaGraphNode_t> from(num_edges), to(num_edges);
+      std::vector<cudaGraphEdgeData> data(num_edges);
+      CK(cudaGraphGetEdges(g, from.data(), to.data(), data.data(), &num_edges));
+      for (size_t e = 0; e < num_edges; ++e) {
+        cudaGraphNodeType ft{};
+        CK(cudaGraphNodeGetType(from[e], &ft));
+        if (data[e].type != cudaGraphDependencyTypeDefault || ft != cudaGraphNodeTypeKernel ||
+            !is_unnamed_kernel(to[e]))
+          continue;
+        CK(cudaGraphRemoveDependencies(g, &from[e], &to[e], &data[e], 1));
+        cudaGraphEdgeData pd{};
+        pd.from_port = cudaGraphKernelNodePortProgrammatic;
+        pd.type = cudaGraphDependencyTypeProgrammatic;
+        CK(cudaGraphAddDependencies(g, &from[e], &to[e], &pd, 1));
+        ++converted;
+      }
+    }
+    cudaGraphExec_t exec = nullptr;
+    CK(cudaGraphInstantiate(&exec, g, 0));
+    CK(cudaGraphDestroy(g));
+    return exec;
+  };
+  int none = 0, converted = 0;
+  cudaGraphExec_t plain = capture(false, none);
+  cudaGraphExec_t pdl = capture(true, converted);
+  const size_t rows = std::min<int64_t>(4, logits.rows());
+  const size_t bytes = rows * static_cast<size_t>(logits.row_bytes());
+  std::vector<uint8_t> a(bytes), b(bytes);
+  std::mt19937 rng(99);
+  int mismatches = 0;
+  const int replays = 30;
+  for (int r = 0; r < replays; ++r) {
+    std::vector<int32_t> ids(static_cast<size_t>(num_ids));
+    for (auto& v : ids) v = static_cast<int32_t>(rng() % static_cast<uint32_t>(vocab));
+    be.copy_to_device(ids_dev, ids.data(), ids.size() * 4);
+    CK(cudaGraphLaunch(plain, stream));
+    CK(cudaStreamSynchronize(stream));
+    be.copy_to_host(a.data(), logits.data(), bytes);
+    CK(cudaGraphLaunch(pdl, stream));
+    CK(cudaStreamSynchronize(stream));
+    be.copy_to_host(b.data(), logits.data(), bytes);
+    mismatches += a == b ? 0 : 1;
+  }
+  auto time_ms = [&](cudaGraphExec_t e) {
+    std::vector<double> t;
+    for (int r = 0; r < 60; ++r) {
+      CK(cudaStreamSynchronize(stream));
+      const auto t0 = std::chrono::steady_clock::now();
+      CK(cudaGraphLaunch(e, stream));
+      CK(cudaStreamSynchronize(stream));
+      if (r >= 10) t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+  };
+  const double t_plain1 = time_ms(plain), t_pdl1 = time_ms(pdl), t_plain2 = time_ms(plain), t_pdl2 = time_ms(pdl);
+  std::printf("pdl-gemm: %d edges into cuBLAS nodes made programmatic; %d of %d replays with new ids differ in the "
+              "first %zu logits rows; graph replay %.3f / %.3f ms plain, %.3f / %.3f ms programmatic\n",
+              converted, mismatches, replays, rows, t_plain1, t_plain2, t_pdl1, t_pdl2);
+  CK(cudaGraphExecDestroy(plain));
+  CK(cudaGraphExecDestroy(pdl));
+}
+
 // KV bytes one --batch x --ctx pair may hold (Llama-3-8B: 128 KiB/token, so
 // about 300k tokens, e.g. 128 x 2048 or 512 x 512).
 constexpr double kMaxBatchKvBytes = 60e9;
@@ -352,6 +531,9 @@ int main(int argc, char** argv) {
   double pool_gb = 0;
   bool scatter = false;
   int mixed = 0;
+  bool profile_step = false;
+  bool graph_edges = false;
+  bool pdl_gemm = false;
   // The value of option argv[i] (i advanced past it) if it is an integer in
   // [lo, hi]; otherwise a message and false.
   auto int_arg = [&](int& i, int lo, int hi, int& out) {
@@ -366,6 +548,12 @@ int main(int argc, char** argv) {
     int n = 0;
     if (a == "--decode-only") {
       decode_only = true;
+    } else if (a == "--pdl-gemm") {
+      pdl_gemm = true;
+    } else if (a == "--graph-edges") {
+      graph_edges = true;
+    } else if (a == "--profile-step") {
+      profile_step = true;
     } else if (a == "--scatter") {
       scatter = true;
     } else if (a == "--ttft-reps" && has_value) {
@@ -403,6 +591,9 @@ int main(int argc, char** argv) {
       env_or("OSPREY_CUDA_NO_PDL", "(unset)"), env_or("OSPREY_DECODE_ATTENTION", "(unset)"),
       env_or("OSPREY_DECODE_MIN_KEYS", "(unset)"), env_or("OSPREY_DECODE_MERGE", "(unset)"),
       env_or("OSPREY_FUSED_SILU", "(unset)"));
+  if (std::getenv("OSPREY_BENCH_SKIP") != nullptr)
+    std::printf("env: OSPREY_BENCH_SKIP=%s (those ops are left out: times only, outputs wrong)\n",
+                std::getenv("OSPREY_BENCH_SKIP"));
   if (contexts.empty()) contexts = {512, 2048, 4096, 8192};
   if (batches.empty()) batches = {1};
   const std::string env_lt = std::string("OSPREY_LT_AUTOTUNE=") + env_or("OSPREY_LT_AUTOTUNE", "(unset)") +
@@ -547,6 +738,23 @@ int main(int argc, char** argv) {
       std::printf("  %8d %10.3f %8.1f %10.2f %6.1f%%   graph replay: %.3f ms/step, %.1f tok/s, MBU %.1f%%\n", ctx, ms,
                   1000.0 * batch / ms, bytes / 1e9, 100.0 * bytes / (ms * 1e-3) / 1e9 / copy_gbs, gms,
                   gms > 0 ? 1000.0 * batch / gms : 0, gms > 0 ? 100.0 * bytes / (gms * 1e-3) / 1e9 / copy_gbs : 0);
+      if (pdl_gemm) {
+        pdl_gemm = false;  // the first pair only
+        pdl_gemm_experiment(impl->stream(), be, [&] { return model.forward(s.fb, kv); },
+                            const_cast<int32_t*>(s.fb.token_ids), batch == 1 ? 1 : batch + (mixed > 0 ? mixed : 0),
+                            c.vocab_size);
+      }
+      if (graph_edges) {
+        graph_edges = false;  // the first pair only
+        print_graph_edges(impl->stream(), [&] { model.forward(s.fb, kv); });
+      }
+      if (profile_step) {
+        be.synchronize();
+        CK(cudaProfilerStart());
+        model.forward(s.fb, kv);
+        be.synchronize();
+        CK(cudaProfilerStop());
+      }
       if (ctx == 2048 || batch > 1) {
         be.set_bytes("paged_attention", static_cast<double>(model.kv_bytes_per_token()) * ctx * batch / c.num_layers);
         be.on = true;
