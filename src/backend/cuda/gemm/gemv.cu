@@ -415,10 +415,8 @@ __global__ void __launch_bounds__(kQ1Warps * 32)
       const float d = half_bits_to_float(*reinterpret_cast<const uint16_t*>(blk));
       const auto* q2 = reinterpret_cast<const uint16_t*>(blk + 2 + e0);  // quants e0 .. e0 + 3
       const uint16_t v0 = q2[0], v1 = q2[1];
-      const float dot = static_cast<float>(static_cast<int8_t>(v0 & 0xff)) * xv[0] +
-                        static_cast<float>(static_cast<int8_t>(v0 >> 8)) * xv[1] +
-                        static_cast<float>(static_cast<int8_t>(v1 & 0xff)) * xv[2] +
-                        static_cast<float>(static_cast<int8_t>(v1 >> 8)) * xv[3];
+      const float dot = s8_to_float(v0) * xv[0] + s8_to_float(v0 >> 8) * xv[1] + s8_to_float(v1) * xv[2] +
+                        s8_to_float(v1 >> 8) * xv[3];
       acc += d * dot;
     }
     __syncwarp();  // every lane is done with this buffer before segment s + 2 is copied into it
