@@ -104,6 +104,19 @@ TEST_F(MatmulTest, LongRows) {
   }
 }
 
+// The batch-1 4-bit GEMV (q4gemv1_kernel) at shapes its persistent grid
+// and segment ring meet only in real models: several rows a warp (m above
+// 16 warps x the SM count), rows of several segments (k > 4096: 2 and 4
+// segments, the last a partial group of warps), one row; with a bias.
+TEST_F(MatmulTest, FourBitGemvManyRowsAndSegments) {
+  uint32_t seed = 3500;
+  for (DType t : {DType::kQ4_0, DType::kQ4_1}) {
+    check_matmul(gpu(), t, Shape{1, 5003, 8192}, true, seed += 3, kFp32Nmse);
+    check_matmul(gpu(), t, Shape{1, 300, 14336}, false, seed += 3, kFp32Nmse);
+    check_matmul(gpu(), t, Shape{1, 1, 256}, true, seed += 3, kFp32Nmse);
+  }
+}
+
 TEST_F(MatmulTest, ZeroRowsIsANoOp) {
   DeviceMem w(gpu(), 4 * 32 * 4), o(gpu(), 64);
   std::vector<float> sentinel(16, 3.0f);

@@ -347,7 +347,7 @@ __global__ void __launch_bounds__(256) dequant_blocks_kernel(const char* __restr
 // gpu_op_bench gemm-small-quant, OSPREY_QGEMV1 A/B). The same scheme for
 // Q4_0 / Q4_1 was slower than gemv_kernel (gate_up Q4_0 46.4 -> 54.8 us,
 // Q4_1 45.4 -> 60.3: half the bytes per weight, so the per-weight work
-// bounds it), so they keep gemv_kernel (docs/PERF.md, session 11).
+// bounds it; docs/PERF.md, session 11): they have q4gemv1_kernel below.
 constexpr int kQ1Warps = 8;
 constexpr int kQ1SegBlocks = 32;
 
@@ -429,6 +429,181 @@ __global__ void __launch_bounds__(kQ1Warps * 32)
   }
 }
 
+// Batch-1 GEMV on Q4_0 / Q4_1 rows, k a multiple of 256 (rows of whole
+// 16-byte chunks). gemv_kernel's quantised branch (one lane a whole block,
+// 2-byte global loads, the block's 32 activations re-read and converted per
+// row) is bound by instruction issue at ~5 instructions a weight: 24-39% of
+// copy bandwidth on an H200. Here:
+// - a persistent grid of at most one block of kQ4Warps warps per SM stages
+//   x as fp32 in shared memory once (and, Q4_1, the sums of x that each
+//   lane's 8 weights of a block meet), every row of the block reads it;
+// - warp w of block b takes rows (b + i * gridDim.x) * kQ4Warps + w; its
+//   rows stream through a kQ4Stages-deep ring of shared-memory segments of
+//   seg_blocks blocks (16-byte cp.async, one copy group per segment,
+//   continuing across the warp's rows; the first before pdl_wait, as
+//   weights are never written by the stream);
+// - four lanes share a block, 8 weights a lane: lane s of a block reads its
+//   bytes 4 s .. 4 s + 3, whose low nibbles are weights 4 s .. 4 s + 3 and
+//   high nibbles 16 + 4 s .. 19 + 4 s; a byte permute puts each nibble q into
+//   the float bits of 2^23 + q, one subtraction makes q - 8 (Q4_0) or q
+//   (Q4_1) exactly, one FMA adds it times x: ~4 instructions a weight.
+// The lane's block dot is scaled once by d (plus m times its x sum, Q4_1).
+// The sums are in another order than gemv_kernel's (d is applied per block,
+// not per weight), both fp32. H200, Llama-3-8B shapes (gpu_op_bench
+// gemm-small-quant, OSPREY_Q4GEMV1 A/B, session 12): Q4_0 qkv 14.2 -> 12.1
+// us, o 11.7 -> 9.0, gate_up 46.7 -> 46.8, down 30.6 -> 25.3; Q4_1 qkv 11.0
+// -> 12.2, o 10.7 -> 9.1, gate_up 45.9 -> 45.8, down 31.6 -> 25.1: a layer's
+// four projections 7-10% faster, still far from the copy bandwidth.
+constexpr int kQ4Warps = 16;
+constexpr int kQ4Stages = 3;
+constexpr int kQ4MaxSegBlocks = 128;
+constexpr size_t kQ4MaxSmem = 220 * 1024;
+
+template <DType W, class XT, class OT>
+__global__ void __launch_bounds__(kQ4Warps * 32, 1)
+    q4gemv1_kernel(const char* __restrict__ w, int64_t row_bytes, int64_t m, int64_t k, const XT* __restrict__ x,
+                   const float* __restrict__ bias, OT* __restrict__ out, bool accumulate, int seg_blocks) {
+  static_assert(W == DType::kQ4_0 || W == DType::kQ4_1, "4-bit blocks");
+  constexpr int kBB = static_cast<int>(dtype_block_bytes(W));
+  constexpr int kQsOff = W == DType::kQ4_0 ? 2 : 4;  // d (and m) first
+  constexpr float kSub = W == DType::kQ4_0 ? kTwoPow23 + 8.0f : kTwoPow23;
+  extern __shared__ __align__(16) unsigned char q4_smem[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int nb = static_cast<int>(k / kQuantBlock);
+  const int seg_bytes = seg_blocks * kBB;  // a multiple of 16 (seg_blocks % 8 == 0)
+  const int nseg = nb / seg_blocks;        // whole segments a row
+  unsigned char* ring = q4_smem + static_cast<size_t>(warp) * kQ4Stages * seg_bytes;
+  float* xs = reinterpret_cast<float*>(q4_smem + static_cast<size_t>(kQ4Warps) * kQ4Stages * seg_bytes);
+  float* xsum = xs + k;  // Q4_1: [nb][4]
+  // The warp's rows: row0, row0 + stride, ... below m.
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kQ4Warps + warp;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kQ4Warps;
+  // The next segment to request: (row lrow, segment lseg), into stage lstage.
+  int64_t lrow = row0;
+  int lseg = 0, lstage = 0;
+  auto load_next = [&] {
+    if (lrow < m) {
+      const char* src = w + lrow * row_bytes + static_cast<int64_t>(lseg) * seg_bytes;
+      unsigned char* dst = ring + lstage * seg_bytes;
+      for (int c = lane; c < seg_bytes / 16; c += 32) cp_async16(dst + 16 * c, src + 16 * c, 16);
+      if (++lseg == nseg) {
+        lseg = 0;
+        lrow += stride;
+      }
+      lstage = lstage + 1 == kQ4Stages ? 0 : lstage + 1;
+    }
+    cp_async_commit();  // one group per segment, empty past the warp's last
+  };
+#pragma unroll
+  for (int t = 0; t < kQ4Stages - 1; ++t) load_next();
+  pdl_launch_dependents();
+  pdl_wait();
+  // x as fp32, then (Q4_1) each lane's sum of its 8 activations of a block.
+  for (int64_t i = static_cast<int64_t>(threadIdx.x) * 8; i < k; i += static_cast<int64_t>(blockDim.x) * 8) {
+    float v[8];
+    load8_act<XT>(x + i, v);
+    *reinterpret_cast<float4*>(xs + i) = make_float4(v[0], v[1], v[2], v[3]);
+    *reinterpret_cast<float4*>(xs + i + 4) = make_float4(v[4], v[5], v[6], v[7]);
+  }
+  __syncthreads();
+  if constexpr (W == DType::kQ4_1) {
+    for (int i = threadIdx.x; i < nb * 4; i += blockDim.x) {
+      const float* xb = xs + (i >> 2) * kQuantBlock + 4 * (i & 3);
+      xsum[i] = ((xb[0] + xb[1]) + (xb[2] + xb[3])) + ((xb[16] + xb[17]) + (xb[18] + xb[19]));
+    }
+    __syncthreads();
+  }
+  const int sub = lane & 3;   // this lane's 4 bytes of a block
+  const int bsel = lane >> 2;  // the first block of a segment it takes; then every 8th
+  int stage = 0;
+  for (int64_t row = row0; row < m; row += stride) {
+    float acc = 0.0f;
+    for (int sg = 0; sg < nseg; ++sg) {
+      load_next();
+      cp_async_wait<kQ4Stages - 1>();  // this segment has landed
+      __syncwarp();
+      const unsigned char* seg = ring + stage * seg_bytes;
+      const float* xseg = xs + sg * seg_blocks * kQuantBlock;
+      const float* sseg = xsum + sg * seg_blocks * 4;
+      for (int bl = bsel; bl < seg_blocks; bl += 8) {
+        const unsigned char* blk = seg + bl * kBB;
+        const unsigned char* qp = blk + kQsOff + 4 * sub;
+        uint32_t q;
+        if constexpr (W == DType::kQ4_1) {
+          q = *reinterpret_cast<const uint32_t*>(qp);
+        } else {  // 2-byte aligned only
+          q = static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(qp)) |
+              (static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(qp + 2)) << 16);
+        }
+        const uint32_t lo = q & 0x0F0F0F0Fu, hi = (q >> 4) & 0x0F0F0F0Fu;
+        const float* xb = xseg + bl * kQuantBlock + 4 * sub;
+        const float4 xl = *reinterpret_cast<const float4*>(xb);
+        const float4 xh = *reinterpret_cast<const float4*>(xb + 16);
+        // byte e of v into the low byte of 0x4B000000: the float 2^23 + q.
+        auto nib = [](uint32_t v, uint32_t sel) { return __uint_as_float(__byte_perm(v, 0x4B000000u, sel)) - kSub; };
+        // Two chains of four, then their sum: shorter dependences.
+        float d0 = xl.x * nib(lo, 0x7440);
+        float d1 = xh.x * nib(hi, 0x7440);
+        d0 = fmaf(xl.y, nib(lo, 0x7441), d0);
+        d1 = fmaf(xh.y, nib(hi, 0x7441), d1);
+        d0 = fmaf(xl.z, nib(lo, 0x7442), d0);
+        d1 = fmaf(xh.z, nib(hi, 0x7442), d1);
+        d0 = fmaf(xl.w, nib(lo, 0x7443), d0);
+        d1 = fmaf(xh.w, nib(hi, 0x7443), d1);
+        const float d = half_bits_to_float(*reinterpret_cast<const uint16_t*>(blk));
+        if constexpr (W == DType::kQ4_1) {
+          const float mn = half_bits_to_float(*reinterpret_cast<const uint16_t*>(blk + 2));
+          acc = fmaf(mn, sseg[bl * 4 + sub], acc);
+        }
+        acc = fmaf(d, d0 + d1, acc);
+      }
+      __syncwarp();  // every lane is done with this stage before it is refilled
+      stage = stage + 1 == kQ4Stages ? 0 : stage + 1;
+    }
+    const float sum = warp_sum(acc);
+    if (lane == 0) {
+      float v = sum + (bias ? bias[row] : 0.0f);
+      if (accumulate) v += to_float(out[row]);
+      out[row] = from_float<OT>(v);
+    }
+  }
+  cp_async_wait<0>();
+}
+
+// OSPREY_Q4GEMV1=0: batch-1 Q4_0 / Q4_1 rows on gemv_kernel (the A/B switch).
+bool q4gemv1_enabled() {
+  static const bool on = !env_equals("OSPREY_Q4GEMV1", "0");
+  return on;
+}
+
+// Launches q4gemv1_kernel where it takes the shape (one activation row, k a
+// multiple of 256, rows of whole blocks, 16-byte aligned weights and x, the
+// staged x within kQ4MaxSmem); false otherwise.
+template <DType W, class XT, class OT>
+bool launch_q4gemv1(const char* w, int64_t row_bytes, int64_t m, int64_t k, const XT* x, const float* bias, OT* out,
+                    bool accumulate, cudaStream_t stream) {
+  constexpr int64_t kBB = dtype_block_bytes(W);
+  if (!q4gemv1_enabled() || k % 256 != 0 || row_bytes != k / kQuantBlock * kBB || !aligned16(w) || !aligned16(x)) {
+    return false;
+  }
+  const int64_t nb = k / kQuantBlock;
+  // Segments of whole 8-block groups (16-byte multiples) that divide the row.
+  const int64_t groups = nb / 8;
+  int64_t nseg = std::max<int64_t>(1, ceil_div(nb, kQ4MaxSegBlocks));
+  while (groups % nseg != 0) ++nseg;
+  const int seg_blocks = static_cast<int>(nb / nseg);
+  const size_t smem = static_cast<size_t>(kQ4Warps) * kQ4Stages * seg_blocks * kBB + static_cast<size_t>(k) * 4 +
+                      (W == DType::kQ4_1 ? static_cast<size_t>(nb) * 16 : 0);
+  if (smem > kQ4MaxSmem) return false;
+  const int sms = std::max(1, device_sm_count(current_device()));
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(ceil_div(m, kQ4Warps), sms));
+  auto kernel = q4gemv1_kernel<W, XT, OT>;
+  set_max_dynamic_smem_once(kernel, smem);
+  launch_pdl(kernel, dim3(grid), dim3(kQ4Warps * 32), smem, stream, w, row_bytes, m, k, x, bias, out, accumulate,
+             seg_blocks);
+  return true;
+}
+
 // OSPREY_QGEMV1=0: batch-1 Q8_0 rows on gemv_kernel (the A/B switch).
 bool qgemv1_enabled() {
   static const bool on = !env_equals("OSPREY_QGEMV1", "0");
@@ -469,6 +644,9 @@ void gemv_typed(const void* w, int64_t row_bytes, int64_t m, int64_t k, const XT
                    0, stream, wp, row_bytes, m, k, xp, bias, op, accumulate);
         continue;
       }
+    }
+    if constexpr (T == DType::kQ4_0 || T == DType::kQ4_1) {
+      if (v && rows == 1 && launch_q4gemv1<T>(wp, row_bytes, m, k, xp, bias, op, accumulate, stream)) continue;
     }
     if (v && rows == 1) {
       launch_pdl(gemv_kernel<T, XT, OT, true, 1, kPreGroups1>, dim3(grid), dim3(kWarps * 32), 0, stream, wp, row_bytes,
