@@ -450,10 +450,12 @@ __global__ void __launch_bounds__(kQ1Warps * 32)
 // The lane's block dot is scaled once by d (plus m times its x sum, Q4_1).
 // The sums are in another order than gemv_kernel's (d is applied per block,
 // not per weight), both fp32. H200, Llama-3-8B shapes (gpu_op_bench
-// gemm-small-quant, OSPREY_Q4GEMV1 A/B, session 12): Q4_0 qkv 14.2 -> 12.1
-// us, o 11.7 -> 9.0, gate_up 46.7 -> 46.8, down 30.6 -> 25.3; Q4_1 qkv 11.0
-// -> 12.2, o 10.7 -> 9.1, gate_up 45.9 -> 45.8, down 31.6 -> 25.1: a layer's
-// four projections 7-10% faster, still far from the copy bandwidth.
+// gemm-small-quant, OSPREY_Q4GEMV1 A/B, session 12): Q4_0 qkv 14.2 -> 9.3
+// us, o 11.2 -> 7.1, gate_up 46.5 -> 33.5, down 31.6 -> 19.2; Q4_1 qkv 11.0
+// -> 10.1, o 10.7 -> 7.7, gate_up 45.8 -> 35.9, down 31.7 -> 20.5: a layer's
+// four projections 25-33% faster (gate_up Q4_0 at 46% of copy). Without
+// the swizzle of the staged x (below) shared-memory bank conflicts held the
+// gain to 7-10% (ncu: short-scoreboard stalls 45% of the cycles).
 constexpr int kQ4Warps = 16;
 constexpr int kQ4Stages = 3;
 constexpr int kQ4MaxSegBlocks = 128;
@@ -499,17 +501,23 @@ __global__ void __launch_bounds__(kQ4Warps * 32, 1)
   pdl_launch_dependents();
   pdl_wait();
   // x as fp32, then (Q4_1) each lane's sum of its 8 activations of a block.
+  // Element e of block b sits at 32 b + (e ^ 16 (b & 1)): the two halves of
+  // every odd block swapped, so the 16-byte reads of a quarter warp (two
+  // blocks' 4 lanes) fall on all 32 banks instead of twice on 16.
   for (int64_t i = static_cast<int64_t>(threadIdx.x) * 8; i < k; i += static_cast<int64_t>(blockDim.x) * 8) {
     float v[8];
     load8_act<XT>(x + i, v);
-    *reinterpret_cast<float4*>(xs + i) = make_float4(v[0], v[1], v[2], v[3]);
-    *reinterpret_cast<float4*>(xs + i + 4) = make_float4(v[4], v[5], v[6], v[7]);
+    float* dst = xs + (i ^ ((i & 32) >> 1));  // i % 32 ^ 16 for odd blocks (i / 32 odd: bit 5 of i)
+    *reinterpret_cast<float4*>(dst) = make_float4(v[0], v[1], v[2], v[3]);
+    *reinterpret_cast<float4*>(dst + 4) = make_float4(v[4], v[5], v[6], v[7]);
   }
   __syncthreads();
   if constexpr (W == DType::kQ4_1) {
     for (int i = threadIdx.x; i < nb * 4; i += blockDim.x) {
-      const float* xb = xs + (i >> 2) * kQuantBlock + 4 * (i & 3);
-      xsum[i] = ((xb[0] + xb[1]) + (xb[2] + xb[3])) + ((xb[16] + xb[17]) + (xb[18] + xb[19]));
+      const int b = i >> 2, flip = (b & 1) << 4;
+      const float* xl = xs + b * kQuantBlock + ((4 * (i & 3)) ^ flip);
+      const float* xh = xs + b * kQuantBlock + ((16 + 4 * (i & 3)) ^ flip);
+      xsum[i] = ((xl[0] + xl[1]) + (xl[2] + xl[3])) + ((xh[0] + xh[1]) + (xh[2] + xh[3]));
     }
     __syncthreads();
   }
@@ -536,9 +544,10 @@ __global__ void __launch_bounds__(kQ4Warps * 32, 1)
               (static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(qp + 2)) << 16);
         }
         const uint32_t lo = q & 0x0F0F0F0Fu, hi = (q >> 4) & 0x0F0F0F0Fu;
-        const float* xb = xseg + bl * kQuantBlock + 4 * sub;
-        const float4 xl = *reinterpret_cast<const float4*>(xb);
-        const float4 xh = *reinterpret_cast<const float4*>(xb + 16);
+        const int flip = ((sg * seg_blocks + bl) & 1) << 4;  // the staging's swizzle
+        const float* xb = xseg + bl * kQuantBlock;
+        const float4 xl = *reinterpret_cast<const float4*>(xb + ((4 * sub) ^ flip));
+        const float4 xh = *reinterpret_cast<const float4*>(xb + ((16 + 4 * sub) ^ flip));
         // byte e of v into the low byte of 0x4B000000: the float 2^23 + q.
         auto nib = [](uint32_t v, uint32_t sel) { return __uint_as_float(__byte_perm(v, 0x4B000000u, sel)) - kSub; };
         // Two chains of four, then their sum: shorter dependences.
