@@ -104,13 +104,14 @@ TEST_F(MatmulTest, LongRows) {
   }
 }
 
-// The batch-1 4-bit GEMV (q4gemv1_kernel) at shapes its persistent grid
-// and segment ring meet only in real models: several rows a warp (m above
-// 16 warps x the SM count), rows of several segments (k > 4096: 2 and 4
-// segments, the last a partial group of warps), one row; with a bias.
-TEST_F(MatmulTest, FourBitGemvManyRowsAndSegments) {
+// The batch-1 staged quantised GEMV (q4gemv1_kernel) at shapes its
+// persistent grid and segment ring meet only in real models: several rows
+// a warp (m above 16 warps x the SM count), rows of several segments (k >
+// 4096: 2 and 4 segments for Q4, 4 and 7 for Q8_0, the last a partial
+// group of warps), one row; with a bias.
+TEST_F(MatmulTest, StagedQuantGemvManyRowsAndSegments) {
   uint32_t seed = 3500;
-  for (DType t : {DType::kQ4_0, DType::kQ4_1}) {
+  for (DType t : {DType::kQ4_0, DType::kQ4_1, DType::kQ8_0}) {
     check_matmul(gpu(), t, Shape{1, 5003, 8192}, true, seed += 3, kFp32Nmse);
     check_matmul(gpu(), t, Shape{1, 300, 14336}, false, seed += 3, kFp32Nmse);
     check_matmul(gpu(), t, Shape{1, 1, 256}, true, seed += 3, kFp32Nmse);

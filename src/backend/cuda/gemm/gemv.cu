@@ -347,7 +347,9 @@ __global__ void __launch_bounds__(256) dequant_blocks_kernel(const char* __restr
 // gpu_op_bench gemm-small-quant, OSPREY_QGEMV1 A/B). The same scheme for
 // Q4_0 / Q4_1 was slower than gemv_kernel (gate_up Q4_0 46.4 -> 54.8 us,
 // Q4_1 45.4 -> 60.3: half the bytes per weight, so the per-weight work
-// bounds it; docs/PERF.md, session 11): they have q4gemv1_kernel below.
+// bounds it; docs/PERF.md, session 11): they have q4gemv1_kernel below,
+// which since session 12 takes Q8_0 rows first too (this kernel remains for
+// rows it does not take, and for OSPREY_Q4GEMV1=0).
 constexpr int kQ1Warps = 8;
 constexpr int kQ1SegBlocks = 32;
 
@@ -429,8 +431,11 @@ __global__ void __launch_bounds__(kQ1Warps * 32)
   }
 }
 
-// Batch-1 GEMV on Q4_0 / Q4_1 rows, k a multiple of 256 (rows of whole
-// 16-byte chunks). gemv_kernel's quantised branch (one lane a whole block,
+// Batch-1 GEMV on Q4_0 / Q4_1 / Q8_0 rows, k a multiple of 256 (rows of
+// whole 16-byte chunks). (Q8_0: 4 lanes a block too, bytes 8 s .. 8 s + 7 a
+// lane, XOR 0x80 so the permuted float is 2^23 + 128 + q; it replaces
+// qgemv1_kernel, which re-read and converted x per row: o 12.1 -> 9.1 us,
+// gate_up 51.7 -> 45.5, down 39.9 -> 24.7, qkv 12.5 -> 12.3 on an H200.) gemv_kernel's quantised branch (one lane a whole block,
 // 2-byte global loads, the block's 32 activations re-read and converted per
 // row) is bound by instruction issue at ~5 instructions a weight: 24-39% of
 // copy bandwidth on an H200. Here:
@@ -458,17 +463,23 @@ __global__ void __launch_bounds__(kQ1Warps * 32)
 // gain to 7-10% (ncu: short-scoreboard stalls 45% of the cycles).
 constexpr int kQ4Warps = 16;
 constexpr int kQ4Stages = 3;
-constexpr int kQ4MaxSegBlocks = 128;
+constexpr int kQ4MaxSegBlocks = 128;  // 64 for Q8_0 (34-byte blocks)
 constexpr size_t kQ4MaxSmem = 220 * 1024;
 
 template <DType W, class XT, class OT>
 __global__ void __launch_bounds__(kQ4Warps * 32, 1)
     q4gemv1_kernel(const char* __restrict__ w, int64_t row_bytes, int64_t m, int64_t k, const XT* __restrict__ x,
                    const float* __restrict__ bias, OT* __restrict__ out, bool accumulate, int seg_blocks) {
-  static_assert(W == DType::kQ4_0 || W == DType::kQ4_1, "4-bit blocks");
+  static_assert(W == DType::kQ4_0 || W == DType::kQ4_1 || W == DType::kQ8_0, "quantised blocks");
+  constexpr bool kQ8 = W == DType::kQ8_0;
   constexpr int kBB = static_cast<int>(dtype_block_bytes(W));
-  constexpr int kQsOff = W == DType::kQ4_0 ? 2 : 4;  // d (and m) first
-  constexpr float kSub = W == DType::kQ4_0 ? kTwoPow23 + 8.0f : kTwoPow23;
+  constexpr int kQsOff = W == DType::kQ4_1 ? 4 : 2;  // d (and m) first
+  // What the float 2^23 + byte loses to give the weight's integer: q - 8
+  // (Q4_0), q (Q4_1), int8 (Q8_0, its bytes XOR 0x80 first).
+  constexpr float kSub = W == DType::kQ4_0 ? kTwoPow23 + 8.0f : (kQ8 ? kTwoPow23 + 128.0f : kTwoPow23);
+  // The staging's swizzle of odd blocks (module comment): Q4 lanes read
+  // elements 4 s.. and 16 + 4 s.., Q8_0 lanes 8 s.. and 8 s + 4...
+  constexpr int kFlip = kQ8 ? 4 : 16;
   extern __shared__ __align__(16) unsigned char q4_smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int nb = static_cast<int>(k / kQuantBlock);
@@ -501,15 +512,16 @@ __global__ void __launch_bounds__(kQ4Warps * 32, 1)
   pdl_launch_dependents();
   pdl_wait();
   // x as fp32, then (Q4_1) each lane's sum of its 8 activations of a block.
-  // Element e of block b sits at 32 b + (e ^ 16 (b & 1)): the two halves of
-  // every odd block swapped, so the 16-byte reads of a quarter warp (two
-  // blocks' 4 lanes) fall on all 32 banks instead of twice on 16.
+  // Element e of block b sits at 32 b + (e ^ kFlip (b & 1)): every odd
+  // block's halves (Q4) or 4-element quarters (Q8_0) swapped pairwise, so
+  // the 16-byte reads of a quarter warp (two blocks' 4 lanes) fall on all 32
+  // banks instead of twice on 16.
   for (int64_t i = static_cast<int64_t>(threadIdx.x) * 8; i < k; i += static_cast<int64_t>(blockDim.x) * 8) {
     float v[8];
     load8_act<XT>(x + i, v);
-    float* dst = xs + (i ^ ((i & 32) >> 1));  // i % 32 ^ 16 for odd blocks (i / 32 odd: bit 5 of i)
-    *reinterpret_cast<float4*>(dst) = make_float4(v[0], v[1], v[2], v[3]);
-    *reinterpret_cast<float4*>(dst + 4) = make_float4(v[4], v[5], v[6], v[7]);
+    const int64_t flip = (i & 32) != 0 ? kFlip : 0;  // bit 5 of i: an odd block
+    *reinterpret_cast<float4*>(xs + (i ^ flip)) = make_float4(v[0], v[1], v[2], v[3]);
+    *reinterpret_cast<float4*>(xs + ((i + 4) ^ flip)) = make_float4(v[4], v[5], v[6], v[7]);
   }
   __syncthreads();
   if constexpr (W == DType::kQ4_1) {
@@ -535,19 +547,30 @@ __global__ void __launch_bounds__(kQ4Warps * 32, 1)
       const float* sseg = xsum + sg * seg_blocks * 4;
       for (int bl = bsel; bl < seg_blocks; bl += 8) {
         const unsigned char* blk = seg + bl * kBB;
-        const unsigned char* qp = blk + kQsOff + 4 * sub;
-        uint32_t q;
-        if constexpr (W == DType::kQ4_1) {
-          q = *reinterpret_cast<const uint32_t*>(qp);
-        } else {  // 2-byte aligned only
-          q = static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(qp)) |
-              (static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(qp + 2)) << 16);
+        // lo / hi: the bytes whose values meet xl / xh (Q4: the low and high
+        // nibbles of bytes 4 s..; Q8_0: bytes 8 s.. and 8 s + 4.., XOR 0x80).
+        uint32_t lo, hi;
+        if constexpr (kQ8) {  // 2-byte aligned only
+          const auto* q2 = reinterpret_cast<const uint16_t*>(blk + kQsOff + 8 * sub);
+          lo = (static_cast<uint32_t>(q2[0]) | (static_cast<uint32_t>(q2[1]) << 16)) ^ 0x80808080u;
+          hi = (static_cast<uint32_t>(q2[2]) | (static_cast<uint32_t>(q2[3]) << 16)) ^ 0x80808080u;
+        } else {
+          const unsigned char* qp = blk + kQsOff + 4 * sub;
+          uint32_t q;
+          if constexpr (W == DType::kQ4_1) {
+            q = *reinterpret_cast<const uint32_t*>(qp);
+          } else {  // 2-byte aligned only
+            q = static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(qp)) |
+                (static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(qp + 2)) << 16);
+          }
+          lo = q & 0x0F0F0F0Fu;
+          hi = (q >> 4) & 0x0F0F0F0Fu;
         }
-        const uint32_t lo = q & 0x0F0F0F0Fu, hi = (q >> 4) & 0x0F0F0F0Fu;
-        const int flip = ((sg * seg_blocks + bl) & 1) << 4;  // the staging's swizzle
+        const int flip = ((sg * seg_blocks + bl) & 1) != 0 ? kFlip : 0;  // the staging's swizzle
         const float* xb = xseg + bl * kQuantBlock;
-        const float4 xl = *reinterpret_cast<const float4*>(xb + ((4 * sub) ^ flip));
-        const float4 xh = *reinterpret_cast<const float4*>(xb + ((16 + 4 * sub) ^ flip));
+        const int el = kQ8 ? 8 * sub : 4 * sub, eh = kQ8 ? 8 * sub + 4 : 16 + 4 * sub;
+        const float4 xl = *reinterpret_cast<const float4*>(xb + (el ^ flip));
+        const float4 xh = *reinterpret_cast<const float4*>(xb + (eh ^ flip));
         // byte e of v into the low byte of 0x4B000000: the float 2^23 + q.
         auto nib = [](uint32_t v, uint32_t sel) { return __uint_as_float(__byte_perm(v, 0x4B000000u, sel)) - kSub; };
         // Two chains of four, then their sum: shorter dependences.
@@ -579,7 +602,8 @@ __global__ void __launch_bounds__(kQ4Warps * 32, 1)
   cp_async_wait<0>();
 }
 
-// OSPREY_Q4GEMV1=0: batch-1 Q4_0 / Q4_1 rows on gemv_kernel (the A/B switch).
+// OSPREY_Q4GEMV1=0: batch-1 Q4_0 / Q4_1 rows on gemv_kernel, Q8_0 rows on
+// qgemv1_kernel (the A/B switch).
 bool q4gemv1_enabled() {
   static const bool on = !env_equals("OSPREY_Q4GEMV1", "0");
   return on;
@@ -598,7 +622,7 @@ bool launch_q4gemv1(const char* w, int64_t row_bytes, int64_t m, int64_t k, cons
   const int64_t nb = k / kQuantBlock;
   // Segments of whole 8-block groups (16-byte multiples) that divide the row.
   const int64_t groups = nb / 8;
-  int64_t nseg = std::max<int64_t>(1, ceil_div(nb, kQ4MaxSegBlocks));
+  int64_t nseg = std::max<int64_t>(1, ceil_div(nb, W == DType::kQ8_0 ? kQ4MaxSegBlocks / 2 : kQ4MaxSegBlocks));
   while (groups % nseg != 0) ++nseg;
   const int seg_blocks = static_cast<int>(nb / nseg);
   const size_t smem = static_cast<size_t>(kQ4Warps) * kQ4Stages * seg_blocks * kBB + static_cast<size_t>(k) * 4 +
@@ -648,6 +672,7 @@ void gemv_typed(const void* w, int64_t row_bytes, int64_t m, int64_t k, const XT
     // Quantised rows need no 16-byte alignment: blocks are read in 2-byte words.
     const bool v = vec || (dtype_is_quantized(T) && aligned16(xp) && (k * static_cast<int64_t>(sizeof(XT))) % 16 == 0);
     if constexpr (T == DType::kQ8_0) {
+      if (v && rows == 1 && launch_q4gemv1<T>(wp, row_bytes, m, k, xp, bias, op, accumulate, stream)) continue;
       if (v && rows == 1 && row_bytes % 16 == 0 && aligned16(wp) && k % kQuantBlock == 0 && qgemv1_enabled()) {
         launch_pdl(qgemv1_kernel<XT, OT>, dim3(static_cast<unsigned>(ceil_div(m, kQ1Warps))), dim3(kQ1Warps * 32),
                    0, stream, wp, row_bytes, m, k, xp, bias, op, accumulate);
