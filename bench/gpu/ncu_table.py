@@ -11,26 +11,17 @@ import sys
 
 
 def main() -> int:
-    rows = []
     with open(sys.argv[1], newline="") as f:
-        lines = [ln for ln in f if ln.startswith('"')]
-    reader = csv.reader(lines)
-    header = next(reader)
-    next(reader)  # units
+        reader = csv.reader(ln for ln in f if ln.startswith('"'))  # ncu's own lines are not quoted
+        header = next(reader)
+        units = dict(zip(header, next(reader)))
+        rows = list(reader)
     col = {name: i for i, name in enumerate(header)}
-    for r in reader:
-        rows.append(r)
     copy = None
     if len(sys.argv) > 2:
         m = re.search(r"copy d2d 2 GiB: (\d+) GB/s", open(sys.argv[2]).read())
         copy = float(m.group(1)) if m else None
     scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3}
-    units = {}
-    with open(sys.argv[1], newline="") as f:
-        r2 = csv.reader([ln for ln in f if ln.startswith('"')])
-        h = next(r2)
-        u = next(r2)
-        units = dict(zip(h, u))
     tscale = scale.get(units.get("gpu__time_duration.sum", "nsecond"), 1e-3)
     bscale = {"byte": 1e-6, "Kbyte": 1e-3, "Mbyte": 1.0, "Gbyte": 1e3}
     rscale = bscale.get(units.get("dram__bytes_read.sum", "byte"), 1e-6)

@@ -266,8 +266,8 @@ __device__ __forceinline__ float load_weight(const char* row, int64_t i) {
 // issues at a quarter of the FP32 rate on sm_90): the float with bits
 // 0x4B000000 | v is 2^23 + v for v < 2^23, and subtracting 2^23 (plus an
 // offset) from it is exact, so these equal static_cast<float>(v - offset)
-// bit for bit. The batch-1 Q8_0 GEMV is 4-5% faster with them on an H200;
-// the Q4 GEMVs are not (their limit is elsewhere; docs/PERF.md, session 12).
+// bit for bit. Session 11's batch-1 Q8_0 GEMV (qgemv1_kernel) was 4-5%
+// faster with them on an H200 (docs/PERF.md, session 12).
 constexpr float kTwoPow23 = 8388608.0f;
 // float(v - offset) for 0 <= v < 2^16 and an integer offset < 2^16.
 __device__ __forceinline__ float small_uint_to_float(uint32_t v, float offset = 0.0f) {

@@ -73,17 +73,6 @@ int current_device() {
   return dev;
 }
 
-int device_sm_count(int dev) {
-  static std::atomic<int> count[kMaxDevices] = {};
-  if (dev < 0 || dev >= kMaxDevices) return 0;
-  int c = count[dev].load(std::memory_order_relaxed);
-  if (c == 0) {
-    if (cudaDeviceGetAttribute(&c, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) return 0;
-    count[dev].store(c, std::memory_order_relaxed);
-  }
-  return c;
-}
-
 int device_sm(int dev) {
   // 0: not looked up yet (no device has compute capability 0.0).
   static std::atomic<int> sm[kMaxDevices] = {};

@@ -145,8 +145,10 @@ constexpr int kGemvRowsPerPass = 8;
 // m. w rows are row_bytes apart; k % 32 == 0 for the quantised dtypes. bias
 // may be null. accumulate: out is read (after the PDL wait) and the fp32 sum
 // (dot + bias) + out rounded once to out_dtype; x must not overlap out.
+// num_sms: the device's multiprocessor count (the batch-1 quantised GEMV's
+// persistent grid).
 void launch_gemv(DType dtype, const void* w, int64_t row_bytes, int64_t m, int64_t k, DType x_dtype, const void* x,
-                 int64_t n, const float* bias, DType out_dtype, void* out, cudaStream_t stream,
+                 int64_t n, const float* bias, DType out_dtype, void* out, int num_sms, cudaStream_t stream,
                  bool accumulate = false);
 
 // One activation row with the SiLU-and-mul folded in: out[j] = silu(g[j]) *

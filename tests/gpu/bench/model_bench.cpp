@@ -371,67 +371,68 @@ void print_breakdown(ProfilingBackend& prof, const std::map<std::string, std::pa
   std::printf("  %-28s %6s %10.3f (sum of op times)\n", "total", "", total);
 }
 
+// A graph's edges: from[e] -> to[e] with data[e].
+struct GraphEdges {
+  std::vector<cudaGraphNode_t> from, to;
+  std::vector<cudaGraphEdgeData> data;
+};
+GraphEdges graph_edges(cudaGraph_t g) {
+  size_t n = 0;
+  CK(cudaGraphGetEdges(g, nullptr, nullptr, nullptr, &n));
+  GraphEdges e{std::vector<cudaGraphNode_t>(n), std::vector<cudaGraphNode_t>(n), std::vector<cudaGraphEdgeData>(n)};
+  CK(cudaGraphGetEdges(g, e.from.data(), e.to.data(), e.data.data(), &n));
+  return e;
+}
+
+// "(not a kernel)", the kernel's name, or "" for a kernel whose name the
+// runtime cannot give (a library's kernel: cuBLAS here).
+std::string node_name(cudaGraphNode_t n) {
+  cudaGraphNodeType type{};
+  CK(cudaGraphNodeGetType(n, &type));
+  if (type != cudaGraphNodeTypeKernel) return "(not a kernel)";
+  cudaKernelNodeParams kp{};
+  const char* fname = nullptr;
+  if (cudaGraphKernelNodeGetParams(n, &kp) == cudaSuccess && cudaFuncGetName(&fname, kp.func) == cudaSuccess &&
+      fname != nullptr) {
+    return fname;
+  }
+  cudaGetLastError();
+  return "";
+}
+
 // Captures fn on stream (not instantiated) and prints its kernel nodes in
-// topological order: name, grid, and the types of the edges into the node.
+// topological order: name and the types of the edges into the node.
 template <class F>
 void print_graph_edges(cudaStream_t stream, F&& fn) {
   CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
   fn();
   cudaGraph_t g = nullptr;
   CK(cudaStreamEndCapture(stream, &g));
-  size_t num_nodes = 0, num_edges = 0;
+  size_t num_nodes = 0;
   CK(cudaGraphGetNodes(g, nullptr, &num_nodes));
   std::vector<cudaGraphNode_t> nodes(num_nodes);
   CK(cudaGraphGetNodes(g, nodes.data(), &num_nodes));
-  CK(cudaGraphGetEdges(g, nullptr, nullptr, nullptr, &num_edges));
-  std::vector<cudaGraphNode_t> from(num_edges), to(num_edges);
-  std::vector<cudaGraphEdgeData> data(num_edges);
-  CK(cudaGraphGetEdges(g, from.data(), to.data(), data.data(), &num_edges));
+  const GraphEdges edges = graph_edges(g);
   std::map<cudaGraphNode_t, size_t> index;
   for (size_t i = 0; i < nodes.size(); ++i) index[nodes[i]] = i;
   size_t programmatic = 0;
-  for (const auto& e : data) programmatic += e.type == cudaGraphDependencyTypeProgrammatic ? 1 : 0;
-  std::printf("graph: %zu nodes, %zu edges, %zu programmatic\n", num_nodes, num_edges, programmatic);
+  for (const auto& e : edges.data) programmatic += e.type == cudaGraphDependencyTypeProgrammatic ? 1 : 0;
+  std::printf("graph: %zu nodes, %zu edges, %zu programmatic\n", num_nodes, edges.data.size(), programmatic);
   for (size_t i = 0; i < nodes.size() && i < 40; ++i) {
-    cudaGraphNodeType type{};
-    CK(cudaGraphNodeGetType(nodes[i], &type));
-    std::string name = "(not a kernel)";
-    if (type == cudaGraphNodeTypeKernel) {
-      cudaKernelNodeParams kp{};
-      const char* fname = nullptr;
-      if (cudaGraphKernelNodeGetParams(nodes[i], &kp) == cudaSuccess && cudaFuncGetName(&fname, kp.func) == cudaSuccess &&
-          fname != nullptr) {
-        name = fname;
-      } else {
-        name = "(kernel, name unknown)";
-        cudaGetLastError();
-      }
-    }
+    std::string name = node_name(nodes[i]);
+    if (name.empty()) name = "(kernel, name unknown)";
     std::string in;
-    for (size_t e = 0; e < num_edges; ++e) {
-      if (to[e] != nodes[i]) continue;
-      in += " <- " + std::to_string(index[from[e]]) +
-            (data[e].type == cudaGraphDependencyTypeProgrammatic
-                 ? (data[e].from_port == cudaGraphKernelNodePortProgrammatic ? " (programmatic)" : " (launch completion)")
-                 : "");
+    for (size_t e = 0; e < edges.data.size(); ++e) {
+      if (edges.to[e] != nodes[i]) continue;
+      const cudaGraphEdgeData& d = edges.data[e];
+      in += " <- " + std::to_string(index[edges.from[e]]);
+      if (d.type == cudaGraphDependencyTypeProgrammatic) {
+        in += d.from_port == cudaGraphKernelNodePortProgrammatic ? " (programmatic)" : " (launch completion)";
+      }
     }
     std::printf("  node %3zu %.90s%s\n", i, name.c_str(), in.c_str());
   }
   CK(cudaGraphDestroy(g));
-}
-
-// Whether graph node n is a kernel whose name the runtime cannot give (a
-// library's kernel: cuBLAS here).
-bool is_unnamed_kernel(cudaGraphNode_t n) {
-  cudaGraphNodeType type{};
-  CK(cudaGraphNodeGetType(n, &type));
-  if (type != cudaGraphNodeTypeKernel) return false;
-  cudaKernelNodeParams kp{};
-  const char* fname = nullptr;
-  const bool named = cudaGraphKernelNodeGetParams(n, &kp) == cudaSuccess &&
-                     cudaFuncGetName(&fname, kp.func) == cudaSuccess && fname != nullptr;
-  cudaGetLastError();
-  return !named;
 }
 
 template <class F>
@@ -445,22 +446,18 @@ void pdl_gemm_experiment(cudaStream_t stream, ops::Backend& be, F&& forward, int
     CK(cudaStreamEndCapture(stream, &g));
     converted = 0;
     if (programmatic) {
-      size_t num_edges = 0;
-      CK(cudaGraphGetEdges(g, nullptr, nullptr, nullptr, &num_edges));
-      std::vector<cudaGraphNode_t> from(num_edges), to(num_edges);
-      std::vector<cudaGraphEdgeData> data(num_edges);
-      CK(cudaGraphGetEdges(g, from.data(), to.data(), data.data(), &num_edges));
-      for (size_t e = 0; e < num_edges; ++e) {
+      GraphEdges edges = graph_edges(g);
+      for (size_t e = 0; e < edges.data.size(); ++e) {
         cudaGraphNodeType ft{};
-        CK(cudaGraphNodeGetType(from[e], &ft));
-        if (data[e].type != cudaGraphDependencyTypeDefault || ft != cudaGraphNodeTypeKernel ||
-            !is_unnamed_kernel(to[e]))
+        CK(cudaGraphNodeGetType(edges.from[e], &ft));
+        if (edges.data[e].type != cudaGraphDependencyTypeDefault || ft != cudaGraphNodeTypeKernel ||
+            !node_name(edges.to[e]).empty())
           continue;
-        CK(cudaGraphRemoveDependencies(g, &from[e], &to[e], &data[e], 1));
+        CK(cudaGraphRemoveDependencies(g, &edges.from[e], &edges.to[e], &edges.data[e], 1));
         cudaGraphEdgeData pd{};
         pd.from_port = cudaGraphKernelNodePortProgrammatic;
         pd.type = cudaGraphDependencyTypeProgrammatic;
-        CK(cudaGraphAddDependencies(g, &from[e], &to[e], &pd, 1));
+        CK(cudaGraphAddDependencies(g, &edges.from[e], &edges.to[e], &pd, 1));
         ++converted;
       }
     }
@@ -741,8 +738,7 @@ int main(int argc, char** argv) {
       if (pdl_gemm) {
         pdl_gemm = false;  // the first pair only
         pdl_gemm_experiment(impl->stream(), be, [&] { return model.forward(s.fb, kv); },
-                            const_cast<int32_t*>(s.fb.token_ids), batch == 1 ? 1 : batch + (mixed > 0 ? mixed : 0),
-                            c.vocab_size);
+                            const_cast<int32_t*>(s.fb.token_ids), s.fb.attn.num_tokens, c.vocab_size);
       }
       if (graph_edges) {
         graph_edges = false;  // the first pair only

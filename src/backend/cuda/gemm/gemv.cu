@@ -347,7 +347,7 @@ __global__ void __launch_bounds__(256) dequant_blocks_kernel(const char* __restr
 // gpu_op_bench gemm-small-quant, OSPREY_QGEMV1 A/B). The same scheme for
 // Q4_0 / Q4_1 was slower than gemv_kernel (gate_up Q4_0 46.4 -> 54.8 us,
 // Q4_1 45.4 -> 60.3: half the bytes per weight, so the per-weight work
-// bounds it; docs/PERF.md, session 11): they have q4gemv1_kernel below,
+// bounds it; docs/PERF.md, session 11): they have staged_qgemv1_kernel below,
 // which since session 12 takes Q8_0 rows first too (this kernel remains for
 // rows it does not take, and for OSPREY_Q4GEMV1=0).
 constexpr int kQ1Warps = 8;
@@ -432,26 +432,26 @@ __global__ void __launch_bounds__(kQ1Warps * 32)
 }
 
 // Batch-1 GEMV on Q4_0 / Q4_1 / Q8_0 rows, k a multiple of 256 (rows of
-// whole 16-byte chunks). (Q8_0: 4 lanes a block too, bytes 8 s .. 8 s + 7 a
-// lane, XOR 0x80 so the permuted float is 2^23 + 128 + q; it replaces
-// qgemv1_kernel, which re-read and converted x per row: o 12.1 -> 9.1 us,
-// gate_up 51.7 -> 45.5, down 39.9 -> 24.7, qkv 12.5 -> 12.3 on an H200.) gemv_kernel's quantised branch (one lane a whole block,
-// 2-byte global loads, the block's 32 activations re-read and converted per
-// row) is bound by instruction issue at ~5 instructions a weight: 24-39% of
-// copy bandwidth on an H200. Here:
-// - a persistent grid of at most one block of kQ4Warps warps per SM stages
+// whole 16-byte chunks). gemv_kernel's quantised branch (one lane a whole
+// block, 2-byte global loads, the block's 32 activations re-read and
+// converted per row) is bound by instruction issue at ~5 instructions a
+// weight: 24-39% of copy bandwidth on an H200; qgemv1_kernel (Q8_0) also
+// re-reads and converts x per row. Here:
+// - a persistent grid of at most one block of kSqWarps warps per SM stages
 //   x as fp32 in shared memory once (and, Q4_1, the sums of x that each
 //   lane's 8 weights of a block meet), every row of the block reads it;
-// - warp w of block b takes rows (b + i * gridDim.x) * kQ4Warps + w; its
-//   rows stream through a kQ4Stages-deep ring of shared-memory segments of
+// - warp w of block b takes rows (b + i * gridDim.x) * kSqWarps + w; its
+//   rows stream through a kSqStages-deep ring of shared-memory segments of
 //   seg_blocks blocks (16-byte cp.async, one copy group per segment,
 //   continuing across the warp's rows; the first before pdl_wait, as
 //   weights are never written by the stream);
-// - four lanes share a block, 8 weights a lane: lane s of a block reads its
-//   bytes 4 s .. 4 s + 3, whose low nibbles are weights 4 s .. 4 s + 3 and
-//   high nibbles 16 + 4 s .. 19 + 4 s; a byte permute puts each nibble q into
-//   the float bits of 2^23 + q, one subtraction makes q - 8 (Q4_0) or q
-//   (Q4_1) exactly, one FMA adds it times x: ~4 instructions a weight.
+// - four lanes share a block, 8 weights a lane: lane s of a Q4 block reads
+//   its bytes 4 s .. 4 s + 3, whose low nibbles are weights 4 s .. 4 s + 3
+//   and high nibbles 16 + 4 s .. 19 + 4 s; lane s of a Q8_0 block its bytes
+//   (weights) 8 s .. 8 s + 7, XOR 0x80; a byte permute puts each value q into
+//   the float bits of 2^23 + q, one subtraction makes q - 8 (Q4_0), q (Q4_1)
+//   or the int8 (Q8_0) exactly, one FMA adds it times x: ~4 instructions a
+//   weight.
 // The lane's block dot is scaled once by d (plus m times its x sum, Q4_1).
 // The sums are in another order than gemv_kernel's (d is applied per block,
 // not per weight), both fp32. H200, Llama-3-8B shapes (gpu_op_bench
@@ -460,16 +460,21 @@ __global__ void __launch_bounds__(kQ1Warps * 32)
 // -> 10.1, o 10.7 -> 7.7, gate_up 45.8 -> 35.9, down 31.7 -> 20.5: a layer's
 // four projections 25-33% faster (gate_up Q4_0 at 46% of copy). Without
 // the swizzle of the staged x (below) shared-memory bank conflicts held the
-// gain to 7-10% (ncu: short-scoreboard stalls 45% of the cycles).
-constexpr int kQ4Warps = 16;
-constexpr int kQ4Stages = 3;
-constexpr int kQ4MaxSegBlocks = 128;  // 64 for Q8_0 (34-byte blocks)
-constexpr size_t kQ4MaxSmem = 220 * 1024;
+// gain to 7-10% (ncu: short-scoreboard stalls 45% of the cycles). Q8_0
+// against qgemv1_kernel: qkv 12.5 -> 12.3 us, o 12.1 -> 9.1, gate_up 51.7 ->
+// 45.5, down 39.9 -> 24.7.
+constexpr int kSqWarps = 16;
+constexpr int kSqStages = 3;
+// Blocks of one ring segment at most: ~2.3-2.6 KB (Q8_0's blocks are 34 bytes).
+template <DType W>
+constexpr int kSqMaxSegBlocks = W == DType::kQ8_0 ? 64 : 128;
+constexpr size_t kSqMaxSmem = 220 * 1024;
 
 template <DType W, class XT, class OT>
-__global__ void __launch_bounds__(kQ4Warps * 32, 1)
-    q4gemv1_kernel(const char* __restrict__ w, int64_t row_bytes, int64_t m, int64_t k, const XT* __restrict__ x,
-                   const float* __restrict__ bias, OT* __restrict__ out, bool accumulate, int seg_blocks) {
+__global__ void __launch_bounds__(kSqWarps * 32, 1)
+    staged_qgemv1_kernel(const char* __restrict__ w, int64_t row_bytes, int64_t m, int64_t k,
+                         const XT* __restrict__ x, const float* __restrict__ bias, OT* __restrict__ out,
+                         bool accumulate, int seg_blocks) {
   static_assert(W == DType::kQ4_0 || W == DType::kQ4_1 || W == DType::kQ8_0, "quantised blocks");
   constexpr bool kQ8 = W == DType::kQ8_0;
   constexpr int kBB = static_cast<int>(dtype_block_bytes(W));
@@ -480,17 +485,17 @@ __global__ void __launch_bounds__(kQ4Warps * 32, 1)
   // The staging's swizzle of odd blocks (module comment): Q4 lanes read
   // elements 4 s.. and 16 + 4 s.., Q8_0 lanes 8 s.. and 8 s + 4...
   constexpr int kFlip = kQ8 ? 4 : 16;
-  extern __shared__ __align__(16) unsigned char q4_smem[];
+  extern __shared__ __align__(16) unsigned char sq_smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int nb = static_cast<int>(k / kQuantBlock);
   const int seg_bytes = seg_blocks * kBB;  // a multiple of 16 (seg_blocks % 8 == 0)
   const int nseg = nb / seg_blocks;        // whole segments a row
-  unsigned char* ring = q4_smem + static_cast<size_t>(warp) * kQ4Stages * seg_bytes;
-  float* xs = reinterpret_cast<float*>(q4_smem + static_cast<size_t>(kQ4Warps) * kQ4Stages * seg_bytes);
+  unsigned char* ring = sq_smem + static_cast<size_t>(warp) * kSqStages * seg_bytes;
+  float* xs = reinterpret_cast<float*>(sq_smem + static_cast<size_t>(kSqWarps) * kSqStages * seg_bytes);
   float* xsum = xs + k;  // Q4_1: [nb][4]
   // The warp's rows: row0, row0 + stride, ... below m.
-  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kQ4Warps + warp;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * kQ4Warps;
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kSqWarps + warp;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kSqWarps;
   // The next segment to request: (row lrow, segment lseg), into stage lstage.
   int64_t lrow = row0;
   int lseg = 0, lstage = 0;
@@ -503,12 +508,12 @@ __global__ void __launch_bounds__(kQ4Warps * 32, 1)
         lseg = 0;
         lrow += stride;
       }
-      lstage = lstage + 1 == kQ4Stages ? 0 : lstage + 1;
+      lstage = lstage + 1 == kSqStages ? 0 : lstage + 1;
     }
     cp_async_commit();  // one group per segment, empty past the warp's last
   };
 #pragma unroll
-  for (int t = 0; t < kQ4Stages - 1; ++t) load_next();
+  for (int t = 0; t < kSqStages - 1; ++t) load_next();
   pdl_launch_dependents();
   pdl_wait();
   // x as fp32, then (Q4_1) each lane's sum of its 8 activations of a block.
@@ -540,7 +545,7 @@ __global__ void __launch_bounds__(kQ4Warps * 32, 1)
     float acc = 0.0f;
     for (int sg = 0; sg < nseg; ++sg) {
       load_next();
-      cp_async_wait<kQ4Stages - 1>();  // this segment has landed
+      cp_async_wait<kSqStages - 1>();  // this segment has landed
       __syncwarp();
       const unsigned char* seg = ring + stage * seg_bytes;
       const float* xseg = xs + sg * seg_blocks * kQuantBlock;
@@ -590,7 +595,7 @@ __global__ void __launch_bounds__(kQ4Warps * 32, 1)
         acc = fmaf(d, d0 + d1, acc);
       }
       __syncwarp();  // every lane is done with this stage before it is refilled
-      stage = stage + 1 == kQ4Stages ? 0 : stage + 1;
+      stage = stage + 1 == kSqStages ? 0 : stage + 1;
     }
     const float sum = warp_sum(acc);
     if (lane == 0) {
@@ -604,35 +609,35 @@ __global__ void __launch_bounds__(kQ4Warps * 32, 1)
 
 // OSPREY_Q4GEMV1=0: batch-1 Q4_0 / Q4_1 rows on gemv_kernel, Q8_0 rows on
 // qgemv1_kernel (the A/B switch).
-bool q4gemv1_enabled() {
+bool staged_qgemv1_enabled() {
   static const bool on = !env_equals("OSPREY_Q4GEMV1", "0");
   return on;
 }
 
-// Launches q4gemv1_kernel where it takes the shape (one activation row, k a
+// Launches staged_qgemv1_kernel where it takes the shape (one activation row, k a
 // multiple of 256, rows of whole blocks, 16-byte aligned weights and x, the
-// staged x within kQ4MaxSmem); false otherwise.
+// staged x within kSqMaxSmem); false otherwise.
 template <DType W, class XT, class OT>
-bool launch_q4gemv1(const char* w, int64_t row_bytes, int64_t m, int64_t k, const XT* x, const float* bias, OT* out,
-                    bool accumulate, cudaStream_t stream) {
+bool launch_staged_qgemv1(const char* w, int64_t row_bytes, int64_t m, int64_t k, const XT* x, const float* bias,
+                          OT* out, bool accumulate, int num_sms, cudaStream_t stream) {
   constexpr int64_t kBB = dtype_block_bytes(W);
-  if (!q4gemv1_enabled() || k % 256 != 0 || row_bytes != k / kQuantBlock * kBB || !aligned16(w) || !aligned16(x)) {
+  if (!staged_qgemv1_enabled() || k % 256 != 0 || row_bytes != k / kQuantBlock * kBB || !aligned16(w) ||
+      !aligned16(x)) {
     return false;
   }
   const int64_t nb = k / kQuantBlock;
   // Segments of whole 8-block groups (16-byte multiples) that divide the row.
   const int64_t groups = nb / 8;
-  int64_t nseg = std::max<int64_t>(1, ceil_div(nb, W == DType::kQ8_0 ? kQ4MaxSegBlocks / 2 : kQ4MaxSegBlocks));
+  int64_t nseg = std::max<int64_t>(1, ceil_div(nb, kSqMaxSegBlocks<W>));
   while (groups % nseg != 0) ++nseg;
   const int seg_blocks = static_cast<int>(nb / nseg);
-  const size_t smem = static_cast<size_t>(kQ4Warps) * kQ4Stages * seg_blocks * kBB + static_cast<size_t>(k) * 4 +
+  const size_t smem = static_cast<size_t>(kSqWarps) * kSqStages * seg_blocks * kBB + static_cast<size_t>(k) * 4 +
                       (W == DType::kQ4_1 ? static_cast<size_t>(nb) * 16 : 0);
-  if (smem > kQ4MaxSmem) return false;
-  const int sms = std::max(1, device_sm_count(current_device()));
-  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(ceil_div(m, kQ4Warps), sms));
-  auto kernel = q4gemv1_kernel<W, XT, OT>;
+  if (smem > kSqMaxSmem) return false;
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(ceil_div(m, kSqWarps), std::max(1, num_sms)));
+  auto kernel = staged_qgemv1_kernel<W, XT, OT>;
   set_max_dynamic_smem_once(kernel, smem);
-  launch_pdl(kernel, dim3(grid), dim3(kQ4Warps * 32), smem, stream, w, row_bytes, m, k, x, bias, out, accumulate,
+  launch_pdl(kernel, dim3(grid), dim3(kSqWarps * 32), smem, stream, w, row_bytes, m, k, x, bias, out, accumulate,
              seg_blocks);
   return true;
 }
@@ -660,7 +665,7 @@ void dequant_typed(bool blocks, unsigned grid, const char* w, int64_t row_bytes,
 
 template <DType T, class XT, class OT>
 void gemv_typed(const void* w, int64_t row_bytes, int64_t m, int64_t k, const XT* x, int64_t n, const float* bias,
-                OT* out, bool accumulate, cudaStream_t stream) {
+                OT* out, bool accumulate, int num_sms, cudaStream_t stream) {
   const bool vec = aligned16(w) && aligned16(x) && row_bytes % 16 == 0 && (dtype_is_quantized(T) || k % 8 == 0) &&
                    (k * static_cast<int64_t>(sizeof(XT))) % 16 == 0;
   const auto* wp = static_cast<const char*>(w);
@@ -671,16 +676,17 @@ void gemv_typed(const void* w, int64_t row_bytes, int64_t m, int64_t k, const XT
     OT* op = out + r0 * m;
     // Quantised rows need no 16-byte alignment: blocks are read in 2-byte words.
     const bool v = vec || (dtype_is_quantized(T) && aligned16(xp) && (k * static_cast<int64_t>(sizeof(XT))) % 16 == 0);
-    if constexpr (T == DType::kQ8_0) {
-      if (v && rows == 1 && launch_q4gemv1<T>(wp, row_bytes, m, k, xp, bias, op, accumulate, stream)) continue;
+    if constexpr (dtype_is_quantized(T)) {
+      if (v && rows == 1 && launch_staged_qgemv1<T>(wp, row_bytes, m, k, xp, bias, op, accumulate, num_sms, stream)) {
+        continue;
+      }
+    }
+    if constexpr (T == DType::kQ8_0) {  // rows the staged kernel does not take
       if (v && rows == 1 && row_bytes % 16 == 0 && aligned16(wp) && k % kQuantBlock == 0 && qgemv1_enabled()) {
         launch_pdl(qgemv1_kernel<XT, OT>, dim3(static_cast<unsigned>(ceil_div(m, kQ1Warps))), dim3(kQ1Warps * 32),
                    0, stream, wp, row_bytes, m, k, xp, bias, op, accumulate);
         continue;
       }
-    }
-    if constexpr (T == DType::kQ4_0 || T == DType::kQ4_1) {
-      if (v && rows == 1 && launch_q4gemv1<T>(wp, row_bytes, m, k, xp, bias, op, accumulate, stream)) continue;
     }
     if (v && rows == 1) {
       launch_pdl(gemv_kernel<T, XT, OT, true, 1, kPreGroups1>, dim3(grid), dim3(kWarps * 32), 0, stream, wp, row_bytes,
@@ -697,11 +703,11 @@ void gemv_typed(const void* w, int64_t row_bytes, int64_t m, int64_t k, const XT
 
 template <class XT, class OT>
 void gemv_for_types(DType dtype, const void* w, int64_t row_bytes, int64_t m, int64_t k, const void* x, int64_t n,
-                    const float* bias, void* out, bool accumulate, cudaStream_t stream) {
+                    const float* bias, void* out, bool accumulate, int num_sms, cudaStream_t stream) {
   const auto* xp = static_cast<const XT*>(x);
   auto* op = static_cast<OT*>(out);
   OSP_DISPATCH_WEIGHT(dtype, W, "gemv: unsupported weight dtype ",
-                      gemv_typed<W>(w, row_bytes, m, k, xp, n, bias, op, accumulate, stream));
+                      gemv_typed<W>(w, row_bytes, m, k, xp, n, bias, op, accumulate, num_sms, stream));
 }
 
 // Calls go(W tag, const XT* x) for the 16-bit weight dtype w_dtype and activation dtype act.
@@ -721,19 +727,21 @@ void dispatch16(DType w_dtype, DType act, const void* x, Go&& go) {
 }  // namespace
 
 void launch_gemv(DType dtype, const void* w, int64_t row_bytes, int64_t m, int64_t k, DType x_dtype, const void* x,
-                 int64_t n, const float* bias, DType out_dtype, void* out, cudaStream_t stream, bool accumulate) {
+                 int64_t n, const float* bias, DType out_dtype, void* out, int num_sms, cudaStream_t stream,
+                 bool accumulate) {
   if (n == 0 || m == 0) return;
   OSP_CHECK_LE(ceil_div(m, kWarps), int64_t{2147483647});
   if (x_dtype == DType::kF32 && out_dtype == DType::kF32) {
-    gemv_for_types<float, float>(dtype, w, row_bytes, m, k, x, n, bias, out, accumulate, stream);
+    gemv_for_types<float, float>(dtype, w, row_bytes, m, k, x, n, bias, out, accumulate, num_sms, stream);
   } else if (x_dtype == DType::kBF16 && out_dtype == DType::kBF16) {
-    gemv_for_types<__nv_bfloat16, __nv_bfloat16>(dtype, w, row_bytes, m, k, x, n, bias, out, accumulate, stream);
+    gemv_for_types<__nv_bfloat16, __nv_bfloat16>(dtype, w, row_bytes, m, k, x, n, bias, out, accumulate, num_sms,
+                                                 stream);
   } else if (x_dtype == DType::kBF16 && out_dtype == DType::kF32) {
-    gemv_for_types<__nv_bfloat16, float>(dtype, w, row_bytes, m, k, x, n, bias, out, accumulate, stream);
+    gemv_for_types<__nv_bfloat16, float>(dtype, w, row_bytes, m, k, x, n, bias, out, accumulate, num_sms, stream);
   } else if (x_dtype == DType::kF16 && out_dtype == DType::kF16) {
-    gemv_for_types<__half, __half>(dtype, w, row_bytes, m, k, x, n, bias, out, accumulate, stream);
+    gemv_for_types<__half, __half>(dtype, w, row_bytes, m, k, x, n, bias, out, accumulate, num_sms, stream);
   } else if (x_dtype == DType::kF16 && out_dtype == DType::kF32) {
-    gemv_for_types<__half, float>(dtype, w, row_bytes, m, k, x, n, bias, out, accumulate, stream);
+    gemv_for_types<__half, float>(dtype, w, row_bytes, m, k, x, n, bias, out, accumulate, num_sms, stream);
   } else {
     OSP_CHECK_MSG(false, "gemv: unsupported activation/output dtypes " << dtype_name(x_dtype) << " -> "
                                                                        << dtype_name(out_dtype));

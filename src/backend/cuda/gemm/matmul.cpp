@@ -553,7 +553,8 @@ void CudaBackend::matmul_into(const Tensor& x, const Tensor& w, const float* b, 
   }
 
   if (gemv_rows(n, xt, w.dtype())) {
-    launch_gemv(w.dtype(), w.data(), w.row_bytes(), m, k, xt, x.data(), n, b, ot, out.data(), stream_, add_to_out);
+    launch_gemv(w.dtype(), w.data(), w.row_bytes(), m, k, xt, x.data(), n, b, ot, out.data(), num_sms_, stream_,
+                add_to_out);
     return;
   }
   if (xt == DType::kBF16 || xt == DType::kF16) {
