@@ -295,7 +295,7 @@ void launch_prefill_attention(const PagedAttentionArgs& a, cudaStream_t stream) 
     static const PrefillOrder order =
         env_equals("OSPREY_PREFILL_ORDER", "per_head") ? PrefillOrder::kPerHead : PrefillOrder::kLongestFirst;
     // OSPREY_PREFILL_WGMMA=0: the mma.sync kernel on Hopper too, for an A/B;
-    // =1..4: that variant of the wgmma kernel (prefill_wgmma.h).
+    // =1..4: that variant of the wgmma kernel (prefill_wgmma.h; default 3).
     static const int wgmma_variant = [] {
       const int64_t v = env_int("OSPREY_PREFILL_WGMMA", 0, kNumPrefillWgmmaVariants - 1, -1);
       return v == 0 ? -1 : v < 0 ? 0 : static_cast<int>(v);  // unset or invalid: the default variant

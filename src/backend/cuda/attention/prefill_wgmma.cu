@@ -17,7 +17,7 @@
 // Pipeline per key tile t (kN = 128 keys), all 256 threads copying:
 //   top:    cp.async of K_t and V_{t-1} landed, fence.proxy.async, barrier
 //   issue:  S_t = Q K_t^T, then O += P_{t-1} V_{t-1} (both asynchronous;
-//           kPvLate, the default variant 4: P V only after the copies)
+//           kPvLate, variant 4: P V only after the copies)
 //   copies: K_{t+1} and V_t gathered through the page table with 16-byte
 //           cp.async (zeros past the block's key range) into two-deep
 //           K and V rings, while the tensor cores work; page-table
@@ -172,24 +172,22 @@ __device__ __forceinline__ void load_q(const PagedAttentionArgs& a, const WgBloc
   }
 }
 
+// Key bound of block row r: row r sees keys [0, min(pos + 1, kv_len));
+// 0 for a row past the sequence.
+__device__ __forceinline__ int row_key_bound(const PagedAttentionArgs& a, const WgBlock& b, int r) {
+  const int grow = b.rows.row0 + r;
+  if (grow >= b.rows.total_rows) return 0;
+  return max(0, min(a.positions[b.rows.q_begin + grow / b.rows.group] + 1, b.kv_len));
+}
+
 // Key bounds hi of this thread's block rows wrow + g and wrow + g + 8
-// (row r sees keys [0, min(pos + 1, kv_len))): 0 for rows past the
-// sequence and for threads without rows (!has_rows: the copying warps).
-// The warp's largest goes to warp_hi[warp]; after a barrier,
+// (row_key_bound): 0 for threads without rows (!has_rows: the copying
+// warps). The warp's largest goes to warp_hi[warp]; after a barrier,
 // block_key_bound gives the block's largest, hence its key tiles.
 __device__ __forceinline__ void key_bounds(const PagedAttentionArgs& a, const WgBlock& b, int wrow, bool has_rows,
                                            int (&hi)[2], int* warp_hi) {
-  hi[0] = 0;
-  hi[1] = 0;
-  if (has_rows) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int grow = b.rows.row0 + wrow + b.g + 8 * h;
-      if (grow < b.rows.total_rows) {
-        hi[h] = max(0, min(a.positions[b.rows.q_begin + grow / b.rows.group] + 1, b.kv_len));
-      }
-    }
-  }
+  hi[0] = has_rows ? row_key_bound(a, b, wrow + b.g) : 0;
+  hi[1] = has_rows ? row_key_bound(a, b, wrow + b.g + 8) : 0;
   int whi = max(hi[0], hi[1]);
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) whi = max(whi, __shfl_xor_sync(0xffffffffu, whi, o));
@@ -234,7 +232,37 @@ struct KvPages {
     const int page = bs_pow2 ? kp >> bs_shift : kp / bs;
     return (pages[page] * bs + (kp - page * bs)) * a.hk + kvh;
   }
+
+  // rows[n] = row(k0 + step n) for n < kKeys, -1 from hi on (hi >= 1). The kKeys
+  // page-table entries are loaded together, before any is used, so that
+  // the caller waits for the page table once, not once a key. kPow2:
+  // bs_pow2 (the caller branches on it once, outside its loop).
+  template <int kKeys, bool kPow2>
+  __device__ __forceinline__ void rows_of(int k0, int step, int hi, int* rows) const {
+    int pg[kKeys];
+    int entry[kKeys];
+#pragma unroll
+    for (int n = 0; n < kKeys; ++n) {
+      const int kp = min(k0 + step * n, hi - 1);
+      pg[n] = kPow2 ? kp >> bs_shift : kp / bs;
+    }
+#pragma unroll
+    for (int n = 0; n < kKeys; ++n) entry[n] = pages[pg[n]];
+#pragma unroll
+    for (int n = 0; n < kKeys; ++n) {
+      const int kp = k0 + step * n;
+      rows[n] = kp < hi ? (entry[n] * bs + (kp - pg[n] * bs)) * a.hk + kvh : -1;
+    }
+  }
 };
+
+// Source of the 16-byte chunk at byte offset `chunk_base` - base of a row
+// (cache + 16 c) of K/V row `row`; row < 0 (past the range: the copy
+// zero-fills) gives row 0's, which is never read.
+template <class T>
+__device__ __forceinline__ const void* kv_chunk_src(const char* chunk_base, int row) {
+  return chunk_base + static_cast<uint64_t>(static_cast<uint32_t>(max(row, 0))) * (kHd * sizeof(T));
+}
 
 // ---- The computing warpgroups of both kernels ----
 
@@ -487,14 +515,15 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_wgmma_kernel(PagedAttenti
   const int cp_c = tid & (kChunks - 1);
   const int cp_j = tid / kChunks;
   const uint32_t cp_dst = swz(kN, cp_j, cp_c);
-  auto load_tile = [&](uint32_t dst_off, int slot_ring, const T* cache) {
+  const char* cp_k = reinterpret_cast<const char*>(kv.k) + cp_c * 16;  // chunk cp_c of K row 0
+  const char* cp_v = reinterpret_cast<const char*>(kv.v) + cp_c * 16;
+  auto load_tile = [&](uint32_t dst_off, int slot_ring, const char* chunk_base) {
     const int* slots = sSlot + slot_ring * kN;
 #pragma unroll
     for (int n = 0; n < kCopies; ++n) {
-      const int j = cp_j + n * (kThreads / kChunks);
-      const int row = slots[j];
-      const T* src = row >= 0 ? cache + static_cast<int64_t>(row) * kHd + cp_c * 8 : cache;
-      cp_async16(b.smem + dst_off + cp_dst + n * (kThreads / kChunks) * 128, src, row >= 0 ? 16 : 0);
+      const int row = slots[cp_j + n * (kThreads / kChunks)];
+      cp_async16(b.smem + dst_off + cp_dst + n * (kThreads / kChunks) * 128, kv_chunk_src<T>(chunk_base, row),
+                 row >= 0 ? 16 : 0);
     }
   };
 
@@ -504,7 +533,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_wgmma_kernel(PagedAttenti
       sSlot[kN + tid] = slot_of(kN + tid);
     }
     __syncthreads();
-    load_tile(kOffK, 0, kv.k);
+    load_tile(kOffK, 0, cp_k);
   }
   cp_async_commit();  // Q (+ K_0)
 
@@ -535,8 +564,8 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_wgmma_kernel(PagedAttenti
     wgmma::fence();
     w.issue_s(b.sbase + kOffK + static_cast<uint32_t>(t & 1) * kKvTile);
     if constexpr (!kFirst && !kPvLate) w.issue_pv(v_addr(t - 1));
-    if (t + 1 < nt) load_tile(kOffK + static_cast<uint32_t>((t + 1) & 1) * kKvTile, (t + 1) % 3, kv.k);
-    load_tile(kOffV + static_cast<uint32_t>(t & 1) * kKvTile, t % 3, kv.v);
+    if (t + 1 < nt) load_tile(kOffK + static_cast<uint32_t>((t + 1) & 1) * kKvTile, (t + 1) % 3, cp_k);
+    load_tile(kOffV + static_cast<uint32_t>(t & 1) * kKvTile, t % 3, cp_v);
     cp_async_commit();
     if constexpr (!kFirst && kPvLate) w.issue_pv(v_addr(t - 1));
     // Page-table entries of tile t + 2, stored into the ring slot of tile
@@ -578,6 +607,63 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_wgmma_kernel(PagedAttenti
 #endif
 }
 
+#if OSP_WGMMA_DEVICE
+// The copying warpgroup's work (warp-specialised kernel): K_t and V_t
+// (t < nt) as items 2 t and 2 t + 1 of a ring of kSlots tile slots at
+// smem + slot_off. Item i lives in slot
+// i % kSlots; its n-th use of that slot (n = i / kSlots) completes phase n
+// of the slot's full barrier (filled) and then of its empty barrier (read).
+// Every phase of a slot's barriers completes in item order (an item is
+// filled only after the slot's previous item was read, and read only after
+// it was filled), so a barrier is never two phases ahead of its waiter and
+// the parity n & 1 names the phase. Thread p (of 128) copies chunk p % 16
+// of keys p / 16 + 8 n (n = 0..15) of K_t and then of V_t (the same rows),
+// then has the hardware arrive on the item's full barrier once they have
+// landed (.noinc: that arrival is one of the 128 the barrier expects). The
+// computing threads order those writes before their wgmma reads with
+// fence.proxy.async after their wait.
+template <class T, int kSlots>
+__device__ __forceinline__ void copy_kv_items(const PagedAttentionArgs& a, const WgBlock& b, int tile_hi, int nt,
+                                              uint32_t slot_off, uint32_t full_bar, uint32_t empty_bar) {
+  const KvPages<T> kv(a, b.seq, b.kvh);
+  const int c = b.tid & 15;
+  const int j0 = b.tid >> 4;  // 0..7: (key % 8) is j0 for every key of this thread
+  const uint32_t dst0 = swz(kN, j0, c);
+  const char* chunk_k = reinterpret_cast<const char*>(kv.k) + c * 16;  // chunk c of K row 0
+  const char* chunk_v = reinterpret_cast<const char*>(kv.v) + c * 16;
+  const uint32_t items = 2u * static_cast<uint32_t>(nt);
+  // The loop, for a power-of-two block size or not (uniform branch).
+  auto copy_items = [&](auto pow2) {
+    constexpr bool kPow2 = decltype(pow2)::value;
+    int rows[kN / 8];  // K/V row of this thread's keys of the tile (KvPages::rows_of)
+    for (uint32_t i = 0; i < items; ++i) {
+      const uint32_t st = i % kSlots;
+      if ((i & 1) == 0) {
+        // In two halves of 8 keys: 16 entries at once do not fit the
+        // copying warpgroup's registers. Before the wait for the slot, so
+        // that the page table's latency overlaps it.
+        const int kb = static_cast<int>(i >> 1) * kN + j0;
+        kv.template rows_of<kN / 16, kPow2>(kb, 8, tile_hi, rows);
+        kv.template rows_of<kN / 16, kPow2>(kb + kN / 2, 8, tile_hi, rows + kN / 16);
+      }
+      if (i >= kSlots) wgmma::mbar_wait(empty_bar + 8 * st, ((i / kSlots) - 1) & 1u);
+      const char* chunk_base = (i & 1) ? chunk_v : chunk_k;
+      unsigned char* dst = b.smem + slot_off + st * kKvTile + dst0;
+#pragma unroll
+      for (int n = 0; n < kN / 8; ++n) {
+        cp_async16(dst + n * 8 * 128, kv_chunk_src<T>(chunk_base, rows[n]), rows[n] >= 0 ? 16 : 0);
+      }
+      wgmma::cp_async_mbar_arrive_noinc(full_bar + 8 * st);
+    }
+  };
+  if (kv.bs_pow2) {
+    copy_items(std::true_type{});
+  } else {
+    copy_items(std::false_type{});
+  }
+}
+#endif  // OSP_WGMMA_DEVICE
+
 // Warp-specialised variant: warpgroup 0 gathers K and V tiles with cp.async
 // into a ring of six tile slots (item 2 t = K_t, item 2 t + 1 = V_t, slot
 // i % 6) and signals each item on its "full" mbarrier once the copies have
@@ -589,7 +675,11 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_wgmma_kernel(PagedAttenti
 // up to four items (two tiles) ahead. No block-wide barrier in the key loop:
 // the computing warpgroups drift apart and one's softmax overlaps the
 // other's wgmma; setmaxnreg moves registers from the copying warpgroup to
-// the computing ones.
+// the computing ones. The copying threads load a tile's page-table entries
+// together (KvPages::rows_of) before waiting for its slot: one at a time,
+// each a dependent global load, they kept the computing warpgroups waiting
+// for K/V (ncu: 19% of warp samples on the full barriers, H200, 4k tokens)
+// and the kernel 20% slower.
 constexpr int kWsThreads = 384;
 constexpr int kWsSlots = 6;          // K or V tiles in the ring
 constexpr int kWsCopyRegs = 56;      // per thread, copying warpgroup
@@ -640,47 +730,11 @@ __global__ void __launch_bounds__(kWsThreads, 1) prefill_wgmma_ws_kernel(PagedAt
   const int tile_hi = block_key_bound<kWsThreads / 32>(sHi);
   const int nt = (tile_hi + kN - 1) / kN;
 
-  // Item i (0 .. 2 nt - 1) lives in slot i % kWsSlots; its n-th use of that
-  // slot (n = i / kWsSlots) completes phase n of full (filled) and then of
-  // empty (read). Every phase of a slot's barriers completes in item order
-  // (an item is filled only after the slot's previous item was read, and
-  // read only after it was filled), so a barrier is never two phases ahead
-  // of its waiter and the parity n & 1 names the phase.
+  // Items 0 .. 2 nt - 1 (K_0, V_0, K_1, ..) in the ring (copy_kv_items).
   if (wg == 0) {
-    // Copying warpgroup: thread p copies chunk p % 16 of keys p / 16 + 8 n
-    // (n = 0..15) of K_t and then of V_t (the same rows), then has the
-    // hardware arrive on item i's full barrier once they have landed
-    // (.noinc: that arrival is one of the 128 the barrier expects). The
-    // computing threads order those writes before their wgmma reads with
-    // fence.proxy.async after the wait.
+    // Copying warpgroup (copy_kv_items).
     wgmma::regs_dec<kWsCopyRegs>();
-    const KvPages<T> kv(a, b.seq, b.kvh);
-    const int c = tid & 15;
-    const int j0 = tid >> 4;  // 0..7: (key % 8) is j0 for every key of this thread
-    const uint32_t dst0 = swz(kN, j0, c);
-    const int items = 2 * nt;
-    int rows[kN / 8];  // K/V row of this thread's keys of the tile (KvPages::row)
-    for (int i = 0; i < items; ++i) {
-      const int st = i % kWsSlots;
-      if (i >= kWsSlots) wgmma::mbar_wait(empty_bar + 8 * st, static_cast<uint32_t>((i / kWsSlots) - 1) & 1u);
-      if ((i & 1) == 0) {
-        const int kb = (i >> 1) * kN;
-#pragma unroll
-        for (int n = 0; n < kN / 8; ++n) {
-          const int kp = kb + j0 + 8 * n;
-          rows[n] = -1;
-          if (kp < tile_hi) rows[n] = kv.row(kp);
-        }
-      }
-      const T* cache = (i & 1) ? kv.v : kv.k;
-      unsigned char* dst = b.smem + kWsOffSlot + st * kKvTile + dst0;
-#pragma unroll
-      for (int n = 0; n < kN / 8; ++n) {
-        const int64_t off = rows[n] >= 0 ? static_cast<int64_t>(rows[n]) * kHd + c * 8 : 0;
-        cp_async16(dst + n * 8 * 128, cache + off, rows[n] >= 0 ? 16 : 0);
-      }
-      wgmma::cp_async_mbar_arrive_noinc(full_bar + 8 * st);
-    }
+    copy_kv_items<T, kWsSlots>(a, b, tile_hi, nt, kWsOffSlot, full_bar, empty_bar);
     cp_async_commit();  // no copy of this thread outlives it
     cp_async_wait<0>();
   } else {
