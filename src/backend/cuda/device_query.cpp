@@ -90,18 +90,6 @@ int device_sm(int dev) {
   return s;
 }
 
-int device_sm_count(int dev) {
-  // 0: not looked up yet (every device has at least one multiprocessor).
-  static std::atomic<int> count[kMaxDevices] = {};
-  if (dev < 0 || dev >= kMaxDevices) return 0;
-  int n = count[dev].load(std::memory_order_relaxed);
-  if (n == 0) {
-    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0) return 0;
-    count[dev].store(n, std::memory_order_relaxed);
-  }
-  return n;
-}
-
 void set_max_dynamic_smem_once(const void* kernel, size_t bytes) {
   OSP_CHECK_LE(bytes, size_t{INT_MAX});
   const int want = static_cast<int>(bytes);

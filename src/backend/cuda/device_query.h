@@ -15,11 +15,6 @@ int current_device();
 // or H200), looked up once per ordinal; 0 when it cannot be read.
 int device_sm(int dev);
 
-// Multiprocessor count of device `dev` (132 on an H100 SXM), looked up once
-// per ordinal; 0 when it cannot be read. For launch paths without a
-// backend at hand (the backend keeps its own copy, CudaBackend::num_sms_).
-int device_sm_count(int dev);
-
 // Lets `kernel` (a __global__ function's host stub) launch with up to `bytes`
 // of dynamic shared memory on the current device
 // (cudaFuncAttributeMaxDynamicSharedMemorySize). The runtime is called only

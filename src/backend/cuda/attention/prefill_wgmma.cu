@@ -17,7 +17,7 @@
 // Pipeline per key tile t (kN = 128 keys), all 256 threads copying:
 //   top:    cp.async of K_t and V_{t-1} landed, fence.proxy.async, barrier
 //   issue:  S_t = Q K_t^T, then O += P_{t-1} V_{t-1} (both asynchronous;
-//           kPvLate, the default variant 4: P V only after the copies)
+//           kPvLate, variant 4: P V only after the copies)
 //   copies: K_{t+1} and V_t gathered through the page table with 16-byte
 //           cp.async (zeros past the block's key range) into two-deep
 //           K and V rings, while the tensor cores work; page-table
@@ -48,7 +48,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <cstdlib>
@@ -138,51 +137,38 @@ struct WgBlock {
   int t4;  // accumulator column pair
 };
 
-// Sets b's shared memory and this thread's coordinates.
-__device__ __forceinline__ void wg_block_threads(unsigned char* smem_raw, WgBlock& b) {
+// Fills b for this block. Longest first: the linear block index runs over
+// the row tiles from the last one down, (sequence, KV head) fastest. False
+// when the tile holds no rows (uniform over the block: it returns at once).
+__device__ __forceinline__ bool wg_block(const PagedAttentionArgs& a, int tiles_per_seq, unsigned char* smem_raw,
+                                         WgBlock& b) {
   const uint32_t raw_addr = smem_addr(smem_raw);
   const uint32_t pad = ((raw_addr + 1023u) & ~1023u) - raw_addr;
   b.smem = smem_raw + pad;
   b.sbase = raw_addr + pad;
+  int tile;
+  prefill_block_longest_first(a, tiles_per_seq, static_cast<int>(blockIdx.x), b.seq, b.kvh, tile);
+  b.rows = prefill_rows(a, b.seq, tile, kM);
+  if (b.rows.row0 >= b.rows.total_rows) return false;
+  b.kv_len = a.kv_lens[b.seq];
   b.tid = static_cast<int>(threadIdx.x);
   b.warp = b.tid >> 5;
   b.lane = b.tid & 31;
   b.g = b.lane >> 2;
   b.t4 = b.lane & 3;
-}
-
-// Sets b's work tile to number `work` of the longest-first order (the
-// linear index runs over the row tiles from the last one down, (sequence,
-// KV head) fastest). False when the tile holds no rows (uniform over the
-// block).
-__device__ __forceinline__ bool wg_block_tile(const PagedAttentionArgs& a, int tiles_per_seq, int work, WgBlock& b) {
-  int tile;
-  prefill_block_longest_first(a, tiles_per_seq, work, b.seq, b.kvh, tile);
-  b.rows = prefill_rows(a, b.seq, tile, kM);
-  if (b.rows.row0 >= b.rows.total_rows) return false;
-  b.kv_len = a.kv_lens[b.seq];
   return true;
 }
 
-// Fills b for this block (work tile blockIdx.x). False when the tile holds
-// no rows (uniform over the block: it returns at once).
-__device__ __forceinline__ bool wg_block(const PagedAttentionArgs& a, int tiles_per_seq, unsigned char* smem_raw,
-                                         WgBlock& b) {
-  wg_block_threads(smem_raw, b);
-  return wg_block_tile(a, tiles_per_seq, static_cast<int>(blockIdx.x), b);
-}
-
-// q -> the Q tile at smem + q_off (zeros past the sequence's rows) by
-// kLoaders threads (this one is number `loader`): cp.async, not committed.
-template <class T, int kLoaders>
-__device__ __forceinline__ void load_q(const PagedAttentionArgs& a, const WgBlock& b, int loader = -1,
-                                       uint32_t q_off = kOffQ) {
+// q -> the Q tile at smem + kOffQ (zeros past the sequence's rows) by the
+// kBlockThreads threads of the block: cp.async, not committed.
+template <class T, int kBlockThreads>
+__device__ __forceinline__ void load_q(const PagedAttentionArgs& a, const WgBlock& b) {
   const T* q = static_cast<const T*>(a.q);
-  for (int i = loader < 0 ? b.tid : loader; i < kM * kChunks; i += kLoaders) {
+  for (int i = b.tid; i < kM * kChunks; i += kBlockThreads) {
     const int r = i / kChunks;
     const int c = i - r * kChunks;
     const T* src = prefill_q_chunk<T, kHd>(a, b.rows, b.kvh, r, c);
-    cp_async16(b.smem + q_off + swz(kM, r, c), src != nullptr ? src : q, src != nullptr ? 16 : 0);
+    cp_async16(b.smem + kOffQ + swz(kM, r, c), src != nullptr ? src : q, src != nullptr ? 16 : 0);
   }
 }
 
@@ -192,17 +178,6 @@ __device__ __forceinline__ int row_key_bound(const PagedAttentionArgs& a, const 
   const int grow = b.rows.row0 + r;
   if (grow >= b.rows.total_rows) return 0;
   return max(0, min(a.positions[b.rows.q_begin + grow / b.rows.group] + 1, b.kv_len));
-}
-
-// The block's largest key bound (hence its key tiles), computed by one warp
-// on its own: no shared memory, no barrier.
-__device__ __forceinline__ int warp_block_key_bound(const PagedAttentionArgs& a, const WgBlock& b) {
-  int hi = 0;
-#pragma unroll
-  for (int r = 0; r < kM; r += 32) hi = max(hi, row_key_bound(a, b, r + b.lane));
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, o));
-  return hi;
 }
 
 // Key bounds hi of this thread's block rows wrow + g and wrow + g + 8
@@ -216,7 +191,7 @@ __device__ __forceinline__ void key_bounds(const PagedAttentionArgs& a, const Wg
   int whi = max(hi[0], hi[1]);
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) whi = max(whi, __shfl_xor_sync(0xffffffffu, whi, o));
-  if (warp_hi != nullptr && b.lane == 0) warp_hi[b.warp] = whi;
+  if (b.lane == 0) warp_hi[b.warp] = whi;
 }
 template <int kWarps>
 __device__ __forceinline__ int block_key_bound(const int* warp_hi) {
@@ -319,10 +294,9 @@ struct WgRows {
   uint32_t q_addr;       // shared-space address of the warpgroup's first Q row
 
   // Zeroes o, s, pa and l, sets m to -inf. row_hi: key bounds
-  // (key_bounds); rows64: which 64 rows of the Q tile at sbase + q_off.
+  // (key_bounds); rows64: which 64 rows of the Q tile at sbase + kOffQ.
   __device__ __forceinline__ WgRows(float (&o_)[64], float (&s_)[64], uint32_t (&pa_)[8][4], float (&m_)[2],
-                                    float (&l_)[2], const int (&row_hi)[2], float scale, uint32_t sbase, int rows64,
-                                    uint32_t q_off = kOffQ)
+                                    float (&l_)[2], const int (&row_hi)[2], float scale, uint32_t sbase, int rows64)
       : o(o_), s(s_), pa(pa_), m(m_), l(l_) {
     hi[0] = row_hi[0];
     hi[1] = row_hi[1];
@@ -337,7 +311,7 @@ struct WgRows {
     m[0] = m[1] = -INFINITY;
     l[0] = l[1] = 0.0f;
     scale2 = scale * 1.4426950408889634f;  // log2(e)
-    q_addr = sbase + q_off + static_cast<uint32_t>(rows64) * 64u * 128u;
+    q_addr = sbase + kOffQ + static_cast<uint32_t>(rows64) * 64u * 128u;
   }
 
   __device__ __forceinline__ void pin_all() {
@@ -471,10 +445,9 @@ struct WgRows {
   // out = O / l for the 16 rows of this warp (block rows wrow ..), staged
   // through those rows of the Q tile (no other warp reads them, and every
   // wgmma reading them has completed) for 16-byte stores.
-  __device__ __forceinline__ void store(const PagedAttentionArgs& a, const WgBlock& b, int wrow,
-                                        uint32_t q_off = kOffQ) const {
+  __device__ __forceinline__ void store(const PagedAttentionArgs& a, const WgBlock& b, int wrow) const {
     using T = std::conditional_t<kF16, __half, __nv_bfloat16>;
-    unsigned char* smem_q = b.smem + q_off;
+    unsigned char* smem_q = b.smem + kOffQ;
     float inv[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -635,9 +608,9 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_wgmma_kernel(PagedAttenti
 }
 
 #if OSP_WGMMA_DEVICE
-// The copying warpgroup's share of one work tile (warp-specialised
-// kernels): K_t and V_t (t < nt) as items first + 2 t and first + 2 t + 1
-// of a ring of kSlots tile slots at smem + slot_off. Item i lives in slot
+// The copying warpgroup's work (warp-specialised kernel): K_t and V_t
+// (t < nt) as items 2 t and 2 t + 1 of a ring of kSlots tile slots at
+// smem + slot_off. Item i lives in slot
 // i % kSlots; its n-th use of that slot (n = i / kSlots) completes phase n
 // of the slot's full barrier (filled) and then of its empty barrier (read).
 // Every phase of a slot's barriers completes in item order (an item is
@@ -651,8 +624,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_wgmma_kernel(PagedAttenti
 // fence.proxy.async after their wait.
 template <class T, int kSlots>
 __device__ __forceinline__ void copy_kv_items(const PagedAttentionArgs& a, const WgBlock& b, int tile_hi, int nt,
-                                              uint32_t first, uint32_t slot_off, uint32_t full_bar,
-                                              uint32_t empty_bar) {
+                                              uint32_t slot_off, uint32_t full_bar, uint32_t empty_bar) {
   const KvPages<T> kv(a, b.seq, b.kvh);
   const int c = b.tid & 15;
   const int j0 = b.tid >> 4;  // 0..7: (key % 8) is j0 for every key of this thread
@@ -664,19 +636,18 @@ __device__ __forceinline__ void copy_kv_items(const PagedAttentionArgs& a, const
   auto copy_items = [&](auto pow2) {
     constexpr bool kPow2 = decltype(pow2)::value;
     int rows[kN / 8];  // K/V row of this thread's keys of the tile (KvPages::rows_of)
-    for (uint32_t k = 0; k < items; ++k) {
-      const uint32_t i = first + k;
+    for (uint32_t i = 0; i < items; ++i) {
       const uint32_t st = i % kSlots;
-      if ((k & 1) == 0) {
+      if ((i & 1) == 0) {
         // In two halves of 8 keys: 16 entries at once do not fit the
         // copying warpgroup's registers. Before the wait for the slot, so
         // that the page table's latency overlaps it.
-        const int kb = static_cast<int>(k >> 1) * kN + j0;
+        const int kb = static_cast<int>(i >> 1) * kN + j0;
         kv.template rows_of<kN / 16, kPow2>(kb, 8, tile_hi, rows);
         kv.template rows_of<kN / 16, kPow2>(kb + kN / 2, 8, tile_hi, rows + kN / 16);
       }
       if (i >= kSlots) wgmma::mbar_wait(empty_bar + 8 * st, ((i / kSlots) - 1) & 1u);
-      const char* chunk_base = (k & 1) ? chunk_v : chunk_k;
+      const char* chunk_base = (i & 1) ? chunk_v : chunk_k;
       unsigned char* dst = b.smem + slot_off + st * kKvTile + dst0;
 #pragma unroll
       for (int n = 0; n < kN / 8; ++n) {
@@ -704,7 +675,11 @@ __device__ __forceinline__ void copy_kv_items(const PagedAttentionArgs& a, const
 // up to four items (two tiles) ahead. No block-wide barrier in the key loop:
 // the computing warpgroups drift apart and one's softmax overlaps the
 // other's wgmma; setmaxnreg moves registers from the copying warpgroup to
-// the computing ones.
+// the computing ones. The copying threads load a tile's page-table entries
+// together (KvPages::rows_of) before waiting for its slot: one at a time,
+// each a dependent global load, they kept the computing warpgroups waiting
+// for K/V (ncu: 19% of warp samples on the full barriers, H200, 4k tokens)
+// and the kernel 20% slower.
 constexpr int kWsThreads = 384;
 constexpr int kWsSlots = 6;          // K or V tiles in the ring
 constexpr int kWsCopyRegs = 56;      // per thread, copying warpgroup
@@ -759,7 +734,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) prefill_wgmma_ws_kernel(PagedAt
   if (wg == 0) {
     // Copying warpgroup (copy_kv_items).
     wgmma::regs_dec<kWsCopyRegs>();
-    copy_kv_items<T, kWsSlots>(a, b, tile_hi, nt, 0, kWsOffSlot, full_bar, empty_bar);
+    copy_kv_items<T, kWsSlots>(a, b, tile_hi, nt, kWsOffSlot, full_bar, empty_bar);
     cp_async_commit();  // no copy of this thread outlives it
     cp_async_wait<0>();
   } else {
@@ -839,181 +814,6 @@ __global__ void __launch_bounds__(kWsThreads, 1) prefill_wgmma_ws_kernel(PagedAt
 #endif
 }
 
-// Persistent warp-specialised variant (5): one block per SM walks the work
-// tiles of the longest-first order, one a round (ps_work),
-// so that a tile's start (its Q, key bounds and first K/V tiles) and end
-// (the last P V and the store) overlap the neighbouring tiles' work instead
-// of leaving the SM idle. Warpgroup 0 copies: per work tile the Q tile into
-// one of two Q buffers (qfull / qempty barriers, both used in turn), then
-// K_t and V_t through copy_kv_items, its items numbered on across work
-// tiles in a ring of five tile slots. Warpgroups 1 and 2 compute 64 rows
-// each, as in prefill_wgmma_ws_kernel with turns (variant 3), and hand the
-// Q buffer back after storing their rows through it. Every warp finds the
-// block's key bound itself (warp_block_key_bound): no block barrier after
-// the start.
-constexpr int kPsSlots = 5;
-constexpr uint32_t kPsQBuf = 2 * kQPanel;                        // one Q tile
-constexpr uint32_t kPsOffSlot = 2 * kPsQBuf;                     // Q buffers [2], then the slots
-constexpr uint32_t kPsOffBar = kPsOffSlot + kPsSlots * kKvTile;  // full[5], empty[5], qfull[2], qempty[2]
-constexpr uint32_t kPsSmemBytes = kPsOffBar + (2 * kPsSlots + 4) * 8 + 1024;
-static_assert(kPsOffSlot % 1024 == 0 && kPsQBuf % 1024 == 0, "swizzle atoms on 1024-byte boundaries");
-static_assert(kPsSmemBytes <= 227 * 1024, "shared memory per block");
-constexpr int kPsCopyRegs = 80;  // the work-tile loop needs more than kWsCopyRegs (spills at 72)
-constexpr int kPsComputeRegs = 208;
-static_assert(kPsCopyRegs * 128 + kPsComputeRegs * 256 <= kWsThreads * 168, "register pool of the block");
-
-template <bool kF16>
-__global__ void __launch_bounds__(kWsThreads, 1)
-    prefill_wgmma_persistent_kernel(PagedAttentionArgs a, int tiles_per_seq) {
-#if OSP_WGMMA_DEVICE
-  using T = std::conditional_t<kF16, __half, __nv_bfloat16>;
-  extern __shared__ __align__(1024) unsigned char smem_raw[];
-  WgBlock b;
-  wg_block_threads(smem_raw, b);
-  const int num_work = a.num_seqs * tiles_per_seq * a.hk;
-  const uint32_t full_bar = b.sbase + kPsOffBar;        // + 8 s: slot s filled
-  const uint32_t empty_bar = full_bar + kPsSlots * 8;   // + 8 s: slot s read
-  const uint32_t qfull_bar = empty_bar + kPsSlots * 8;  // + 8 q: Q buffer q filled
-  const uint32_t qempty_bar = qfull_bar + 2 * 8;        // + 8 q: Q buffer q stored through
-  const int tid = b.tid;
-  const int wg = b.warp >> 2;  // 0: copies; 1, 2: rows 64 (wg - 1) ..
-  // This block's work tile in round r: the rounds walk the longest-first
-  // order gridDim.x tiles at a time, forwards in even rounds and backwards
-  // in odd ones, so that the block taking a round's longest tile takes the
-  // next round's shortest (a plain stride gave the first blocks the longest
-  // tile of every round: 10% longer runs at 4k-8k tokens, H200).
-  auto ps_work = [&](int r) {
-    const int g = static_cast<int>(gridDim.x);
-    const int c = static_cast<int>(blockIdx.x);
-    return r * g + ((r & 1) ? g - 1 - c : c);
-  };
-  if (tid == 0) {
-    for (int st = 0; st < kPsSlots; ++st) {
-      wgmma::mbar_init(full_bar + 8 * st, 128);  // one arrival per copying thread
-      wgmma::mbar_init(empty_bar + 8 * st, 8);   // one arrival per computing warp
-    }
-    for (int q = 0; q < 2; ++q) {
-      wgmma::mbar_init(qfull_bar + 8 * q, 128);
-      wgmma::mbar_init(qempty_bar + 8 * q, 8);
-    }
-    wgmma::fence_mbar_init();
-  }
-  __syncthreads();  // barriers initialised
-
-  // Work tile j (counting only tiles with rows) uses Q buffer j & 1, its
-  // (j >> 1)-th use: phase (j >> 1) of qfull, then of qempty.
-  if (wg == 0) {
-    wgmma::regs_dec<kPsCopyRegs>();
-    uint32_t item = 0;
-    int j = 0;
-    for (int round = 0; round * static_cast<int>(gridDim.x) < num_work; ++round) {
-      const int work = ps_work(round);
-      if (work >= num_work || !wg_block_tile(a, tiles_per_seq, work, b)) continue;
-      const int tile_hi = warp_block_key_bound(a, b);
-      const int nt = (tile_hi + kN - 1) / kN;
-      const int qb = j & 1;
-      if (j >= 2) wgmma::mbar_wait(qempty_bar + 8 * qb, static_cast<uint32_t>((j >> 1) - 1) & 1u);
-      load_q<T, 128>(a, b, tid, static_cast<uint32_t>(qb) * kPsQBuf);
-      wgmma::cp_async_mbar_arrive_noinc(qfull_bar + 8 * qb);
-      copy_kv_items<T, kPsSlots>(a, b, tile_hi, nt, item, kPsOffSlot, full_bar, empty_bar);
-      item += 2u * static_cast<uint32_t>(nt);
-      ++j;
-    }
-    cp_async_commit();  // no copy of this thread outlives it
-    cp_async_wait<0>();
-  } else {
-    wgmma::regs_inc<kPsComputeRegs>();
-    const int cw = wg - 1;
-    const int wrow = 16 * (b.warp - 4);  // first block row of this warp
-    float o[64];                         // this warpgroup's rows (WgRows)
-    float s[64];
-    uint32_t pa[8][4];
-    float m[2], l[2];
-    // Turns: warpgroup cw waits on barrier 1 + cw before issuing and then
-    // releases the other's. Warpgroup 1 opens warpgroup 0's first turn and
-    // warpgroup 0 takes one turn more at the end, so every barrier sees as
-    // many arrivals as waits.
-    auto my_turn = [&] { asm volatile("bar.sync %0, 256;\n" ::"r"(1 + cw) : "memory"); };
-    auto your_turn = [&] { asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - cw) : "memory"); };
-    if (cw == 1) your_turn();
-    auto item_addr = [&](uint32_t i) { return b.sbase + kPsOffSlot + (i % kPsSlots) * kKvTile; };
-    auto wait_full = [&](uint32_t i) { wgmma::mbar_wait(full_bar + 8 * (i % kPsSlots), (i / kPsSlots) & 1u); };
-    // Hands item i back (its wgmma have completed: after the wait_group).
-    auto release = [&](uint32_t i) {
-      if (b.lane == 0) wgmma::mbar_arrive(empty_bar + 8 * (i % kPsSlots));
-    };
-    // Always true (launch_prefill_attention_wgmma checks scale > 0), but a
-    // kernel argument: ptxas cannot fold the branches on it.
-    const bool in_order = a.scale > 0.0f;
-    uint32_t item = 0;
-    int j = 0;
-    for (int round = 0; round * static_cast<int>(gridDim.x) < num_work; ++round) {
-      const int work = ps_work(round);
-      if (work >= num_work || !wg_block_tile(a, tiles_per_seq, work, b)) continue;
-      const int tile_hi = warp_block_key_bound(a, b);
-      const int nt = (tile_hi + kN - 1) / kN;
-      int hi[2];
-      key_bounds(a, b, wrow, true, hi, nullptr);
-      const int qb = j & 1;
-      const uint32_t q_off = static_cast<uint32_t>(qb) * kPsQBuf;
-      WgRows<kF16> w(o, s, pa, m, l, hi, a.scale, b.sbase, cw, q_off);
-      wgmma::mbar_wait(qfull_bar + 8 * qb, static_cast<uint32_t>(j >> 1) & 1u);
-      // One key tile (prefill_wgmma_ws_kernel's step, items from `item`),
-      // every item handed back as soon as it is read, so that the copies
-      // of the next work tile start during this one's last steps.
-      auto step = [&](const int t, auto first) {
-        constexpr bool kFirst = decltype(first)::value;
-        const uint32_t k_item = item + 2u * static_cast<uint32_t>(t);
-        wait_full(k_item);
-        if constexpr (!kFirst) wait_full(k_item - 1);
-        wgmma::fence_proxy_async_shared();
-        w.pin_all();
-        my_turn();
-        wgmma::fence();
-        w.issue_s(item_addr(k_item));
-        if constexpr (!kFirst) w.issue_pv(item_addr(k_item - 1));
-        your_turn();
-        w.wait_s(first);
-        release(k_item);  // K_t read
-        w.softmax(t * kN, b.t4);
-        // in_order is always true: a warpgroup-uniform branch that ptxas
-        // cannot fold, with the wait in both arms (WgRows::wait_rescale).
-        if (!kFirst && in_order) {
-          w.wait_rescale();
-          release(k_item - 1);  // V_{t-1} read
-        } else {
-          w.wait_rescale();
-        }
-        w.pack_p();
-      };
-      if (nt > 0) step(0, std::true_type{});
-      for (int t = 1; t < nt; ++t) step(t, std::false_type{});
-      if (nt > 0) {
-        const uint32_t v_last = item + 2u * static_cast<uint32_t>(nt) - 1u;
-        wait_full(v_last);
-        wgmma::fence_proxy_async_shared();
-        w.pin_all();
-        my_turn();
-        wgmma::fence();
-        w.issue_pv(item_addr(v_last));
-        your_turn();
-        w.wait_pv();
-        release(v_last);
-      }
-      w.store(a, b, wrow, q_off);
-      if (b.lane == 0) wgmma::mbar_arrive(qempty_bar + 8 * qb);  // Q buffer read and stored through
-      item += 2u * static_cast<uint32_t>(nt);
-      ++j;
-    }
-    if (cw == 0) my_turn();  // warpgroup 1's last release
-  }
-#else
-  (void)a;
-  (void)tiles_per_seq;
-  __trap();  // not built for sm_90a: launch_prefill_attention_wgmma never launches this
-#endif
-}
-
 }  // namespace
 
 bool prefill_wgmma_available() {
@@ -1045,16 +845,11 @@ void launch_prefill_attention_wgmma(const PagedAttentionArgs& a, cudaStream_t st
   if (variant == 4) kernel = f16 ? prefill_wgmma_kernel<true, true> : prefill_wgmma_kernel<false, true>;
   if (variant == 2) kernel = f16 ? prefill_wgmma_ws_kernel<true, false> : prefill_wgmma_ws_kernel<false, false>;
   if (variant == 3) kernel = f16 ? prefill_wgmma_ws_kernel<true, true> : prefill_wgmma_ws_kernel<false, true>;
-  if (variant == 5) kernel = f16 ? prefill_wgmma_persistent_kernel<true> : prefill_wgmma_persistent_kernel<false>;
-  const bool ws = variant == 2 || variant == 3 || variant == 5;
+  const bool ws = variant == 2 || variant == 3;
   const int threads = ws ? kWsThreads : kThreads;
-  const uint32_t smem = variant == 5 ? kPsSmemBytes : ws ? kWsSmemBytes : kSmemBytes;
-  // The persistent kernel: one block per SM (it needs most of an SM's
-  // shared memory), at most one per work tile.
-  const int64_t grid =
-      variant == 5 ? std::min<int64_t>(blocks, std::max(1, device_sm_count(current_device()))) : blocks;
+  const uint32_t smem = ws ? kWsSmemBytes : kSmemBytes;
   set_max_dynamic_smem_once(kernel, smem);
-  kernel<<<static_cast<unsigned>(grid), threads, smem, stream>>>(a, static_cast<int>(tiles));
+  kernel<<<static_cast<unsigned>(blocks), threads, smem, stream>>>(a, static_cast<int>(tiles));
   OSP_CUDA_CHECK_LAUNCH();
 }
 

@@ -19,7 +19,7 @@ bool prefill_wgmma_available();
 // aligned. (head_dim 64, windows and the rest stay on the mma.sync kernel.)
 bool prefill_wgmma_supports(const PagedAttentionArgs& a);
 
-// Kernel variants (all compute the same function): 0 the default (below);
+// Kernel variants (all compute the same function): 0 the default (3);
 // 1: two warpgroups of 64 rows that also gather K/V (cp.async, block
 // barrier per key tile), P_{t-1} V_{t-1} issued right after S_t; 4: 1 with
 // P_{t-1} V_{t-1} issued after the copies of tile t (by then the other
@@ -28,14 +28,15 @@ bool prefill_wgmma_supports(const PagedAttentionArgs& a);
 // warpgroup gathering K and V tiles into a six-slot mbarrier ring (full /
 // empty per slot, arrivals by cp.async.mbarrier.arrive, up to two tiles
 // ahead) for two computing warpgroups that never wait for each other;
-// 3: 2 with the computing warpgroups taking turns to issue their wgmma;
-// 5: 3 as a persistent kernel (one block per SM walking the work tiles,
-// two Q buffers, so one tile's start and end overlap its neighbours').
-// On an H100 (2026-11-26, causal, 32 q / 8 KV heads of 128, bf16, one
-// call, gpu_tests' PrefillAttentionBench): variant 4 201 / 291 / 366 / 406
-// TFLOP/s at 1k / 2k / 4k / 8k tokens, variant 1 195 / 271 / 340 / 382,
-// variant 2 195 / 286 / 357 / 398, variant 3 199 / 287 / 360 / 403.
-constexpr int kNumPrefillWgmmaVariants = 6;
+// 3: 2 with the computing warpgroups taking turns to issue their wgmma.
+// On an H200 (2026-11-27, causal, 32 q / 8 KV heads of 128, bf16, one
+// call, gpu_tests' PrefillAttentionBench): variant 3 250 / 363 / 451 / 507
+// TFLOP/s at 1k / 2k / 4k / 8k tokens, variant 2 243 / 359 / 456 / 523,
+// variant 4 215 / 301 / 369 / 409, variant 1 201 / 268 / 325 / 361. (Until
+// the copying warpgroup loaded its page-table entries together, variants
+// 2 and 3 waited for them one key at a time and ran at 286 / 357 on an
+// H100 at 2k / 4k; variant 4 was the default.)
+constexpr int kNumPrefillWgmmaVariants = 5;
 constexpr int kPrefillWgmmaDefaultVariant = 3;
 
 // Preconditions: prefill_wgmma_available(), prefill_wgmma_supports(a), at
