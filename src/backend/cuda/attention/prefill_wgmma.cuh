@@ -187,15 +187,19 @@ __device__ __forceinline__ void cp_async_mbar_arrive_noinc(uint32_t addr) {
   (void)addr;
 #endif
 }
-// Waits until the phase with the given parity (0 or 1) has completed.
+// Waits until the phase with the given parity (0 or 1) has completed. Each
+// try_wait may suspend the thread until the phase completes, for up to
+// the hint (1 ms), instead of returning at once: fewer issue slots spent
+// polling (variant 3 on an H200: +2-3% at 1k-2k tokens, +0.5-1% at 4k-8k).
 __device__ __forceinline__ void mbar_wait(uint32_t addr, uint32_t parity) {
 #if OSP_WGMMA_DEVICE
   uint32_t done = 0;
   do {
-    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                 : "=r"(done)
-                 : "r"(addr), "r"(parity)
-                 : "memory");
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(addr), "r"(parity), "r"(1000000u)
+        : "memory");
   } while (done == 0);
 #else
   (void)addr;
