@@ -25,7 +25,9 @@ def load(path):
     with open(path, newline="") as f:
         rows = list(csv.reader(f))
     # Line 1 names the kernel; line 2 is the header.
-    start = next(i for i, r in enumerate(rows) if "Source" in r and "Address" in r)
+    start = next((i for i, r in enumerate(rows) if "Source" in r and "Address" in r), None)
+    if start is None:
+        return None
     header = rows[start]
     col = {h: i for i, h in enumerate(header)}
     stalls = [h for h in header if h.startswith("stall_") and "Not Issued" not in h]
@@ -54,6 +56,10 @@ def main() -> int:
     if "--top" in args:
         top = int(args[args.index("--top") + 1])
     insts = load(args[0])
+    if insts is None:
+        print(f"{args[0]}: not an ncu source page (no Address / Source header; see --page source --csv)",
+              file=sys.stderr)
+        return 2
     total_exec = sum(i[1] for i in insts) or 1
     total_samples = sum(i[2] for i in insts) or 1
     print(f"{len(insts)} instructions, {total_exec} warp instructions executed, {total_samples} samples")
