@@ -230,7 +230,12 @@ struct KvPages {
   // (zero-filled copies).
   __device__ __forceinline__ int row(int kp) const {
     const int page = bs_pow2 ? kp >> bs_shift : kp / bs;
-    return (pages[page] * bs + (kp - page * bs)) * a.hk + kvh;
+    return row_in(pages[page], page, kp);
+  }
+  // The row of key kp, in page number `page` of the sequence, whose
+  // page-table entry is `entry`.
+  __device__ __forceinline__ int row_in(int entry, int page, int kp) const {
+    return (entry * bs + (kp - page * bs)) * a.hk + kvh;
   }
 
   // rows[n] = row(k0 + step n) for n < kKeys, -1 from hi on (hi >= 1). The kKeys
@@ -251,14 +256,14 @@ struct KvPages {
 #pragma unroll
     for (int n = 0; n < kKeys; ++n) {
       const int kp = k0 + step * n;
-      rows[n] = kp < hi ? (entry[n] * bs + (kp - pg[n] * bs)) * a.hk + kvh : -1;
+      rows[n] = kp < hi ? row_in(entry[n], pg[n], kp) : -1;
     }
   }
 };
 
-// Source of the 16-byte chunk at byte offset `chunk_base` - base of a row
-// (cache + 16 c) of K/V row `row`; row < 0 (past the range: the copy
-// zero-fills) gives row 0's, which is never read.
+// Address of chunk c of K/V row `row`, given chunk_base = the cache's first
+// byte + 16 c; row < 0 (past the range: the copy zero-fills and reads
+// nothing) gives row 0's.
 template <class T>
 __device__ __forceinline__ const void* kv_chunk_src(const char* chunk_base, int row) {
   return chunk_base + static_cast<uint64_t>(static_cast<uint32_t>(max(row, 0))) * (kHd * sizeof(T));
@@ -607,63 +612,6 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_wgmma_kernel(PagedAttenti
 #endif
 }
 
-#if OSP_WGMMA_DEVICE
-// The copying warpgroup's work (warp-specialised kernel): K_t and V_t
-// (t < nt) as items 2 t and 2 t + 1 of a ring of kSlots tile slots at
-// smem + slot_off. Item i lives in slot
-// i % kSlots; its n-th use of that slot (n = i / kSlots) completes phase n
-// of the slot's full barrier (filled) and then of its empty barrier (read).
-// Every phase of a slot's barriers completes in item order (an item is
-// filled only after the slot's previous item was read, and read only after
-// it was filled), so a barrier is never two phases ahead of its waiter and
-// the parity n & 1 names the phase. Thread p (of 128) copies chunk p % 16
-// of keys p / 16 + 8 n (n = 0..15) of K_t and then of V_t (the same rows),
-// then has the hardware arrive on the item's full barrier once they have
-// landed (.noinc: that arrival is one of the 128 the barrier expects). The
-// computing threads order those writes before their wgmma reads with
-// fence.proxy.async after their wait.
-template <class T, int kSlots>
-__device__ __forceinline__ void copy_kv_items(const PagedAttentionArgs& a, const WgBlock& b, int tile_hi, int nt,
-                                              uint32_t slot_off, uint32_t full_bar, uint32_t empty_bar) {
-  const KvPages<T> kv(a, b.seq, b.kvh);
-  const int c = b.tid & 15;
-  const int j0 = b.tid >> 4;  // 0..7: (key % 8) is j0 for every key of this thread
-  const uint32_t dst0 = swz(kN, j0, c);
-  const char* chunk_k = reinterpret_cast<const char*>(kv.k) + c * 16;  // chunk c of K row 0
-  const char* chunk_v = reinterpret_cast<const char*>(kv.v) + c * 16;
-  const uint32_t items = 2u * static_cast<uint32_t>(nt);
-  // The loop, for a power-of-two block size or not (uniform branch).
-  auto copy_items = [&](auto pow2) {
-    constexpr bool kPow2 = decltype(pow2)::value;
-    int rows[kN / 8];  // K/V row of this thread's keys of the tile (KvPages::rows_of)
-    for (uint32_t i = 0; i < items; ++i) {
-      const uint32_t st = i % kSlots;
-      if ((i & 1) == 0) {
-        // In two halves of 8 keys: 16 entries at once do not fit the
-        // copying warpgroup's registers. Before the wait for the slot, so
-        // that the page table's latency overlaps it.
-        const int kb = static_cast<int>(i >> 1) * kN + j0;
-        kv.template rows_of<kN / 16, kPow2>(kb, 8, tile_hi, rows);
-        kv.template rows_of<kN / 16, kPow2>(kb + kN / 2, 8, tile_hi, rows + kN / 16);
-      }
-      if (i >= kSlots) wgmma::mbar_wait(empty_bar + 8 * st, ((i / kSlots) - 1) & 1u);
-      const char* chunk_base = (i & 1) ? chunk_v : chunk_k;
-      unsigned char* dst = b.smem + slot_off + st * kKvTile + dst0;
-#pragma unroll
-      for (int n = 0; n < kN / 8; ++n) {
-        cp_async16(dst + n * 8 * 128, kv_chunk_src<T>(chunk_base, rows[n]), rows[n] >= 0 ? 16 : 0);
-      }
-      wgmma::cp_async_mbar_arrive_noinc(full_bar + 8 * st);
-    }
-  };
-  if (kv.bs_pow2) {
-    copy_items(std::true_type{});
-  } else {
-    copy_items(std::false_type{});
-  }
-}
-#endif  // OSP_WGMMA_DEVICE
-
 // Warp-specialised variant: warpgroup 0 gathers K and V tiles with cp.async
 // into a ring of six tile slots (item 2 t = K_t, item 2 t + 1 = V_t, slot
 // i % 6) and signals each item on its "full" mbarrier once the copies have
@@ -694,6 +642,63 @@ constexpr uint32_t kWsOffHi = kWsOffBar + 2 * kWsSlots * 8;      // int [12]: pe
 constexpr uint32_t kWsSmemBytes = kWsOffHi + (kWsThreads / 32) * 4 + 1024;
 static_assert(kWsOffSlot % 1024 == 0 && kKvTile % 1024 == 0, "swizzle atoms on 1024-byte boundaries");
 static_assert(kWsSmemBytes <= 227 * 1024, "shared memory per block");
+
+#if OSP_WGMMA_DEVICE
+// The copying warpgroup's work: K_t and V_t (t < nt) as items 2 t and
+// 2 t + 1 of the ring of kWsSlots tile slots at smem + kWsOffSlot. Item i
+// lives in slot i % kWsSlots; its n-th use of that slot (n = i / kWsSlots)
+// completes phase n of the slot's full barrier (filled) and then of its
+// empty barrier (read).
+// Every phase of a slot's barriers completes in item order (an item is
+// filled only after the slot's previous item was read, and read only after
+// it was filled), so a barrier is never two phases ahead of its waiter and
+// the parity n & 1 names the phase. Thread p (of 128) copies chunk p % 16
+// of keys p / 16 + 8 n (n = 0..15) of K_t and then of V_t (the same rows),
+// then has the hardware arrive on the item's full barrier once they have
+// landed (.noinc: that arrival is one of the 128 the barrier expects). The
+// computing threads order those writes before their wgmma reads with
+// fence.proxy.async after their wait.
+template <class T>
+__device__ __forceinline__ void copy_kv_items(const PagedAttentionArgs& a, const WgBlock& b, int tile_hi, int nt,
+                                              uint32_t full_bar, uint32_t empty_bar) {
+  const KvPages<T> kv(a, b.seq, b.kvh);
+  const int c = b.tid & 15;
+  const int j0 = b.tid >> 4;  // 0..7: (key % 8) is j0 for every key of this thread
+  const uint32_t dst0 = swz(kN, j0, c);
+  const char* chunk_k = reinterpret_cast<const char*>(kv.k) + c * 16;  // chunk c of K row 0
+  const char* chunk_v = reinterpret_cast<const char*>(kv.v) + c * 16;
+  const uint32_t items = 2u * static_cast<uint32_t>(nt);
+  // The loop, for a power-of-two block size or not (uniform branch).
+  auto copy_items = [&](auto pow2) {
+    constexpr bool kPow2 = decltype(pow2)::value;
+    int rows[kN / 8];  // K/V row of this thread's keys of the tile (KvPages::rows_of)
+    for (uint32_t i = 0; i < items; ++i) {
+      const uint32_t st = i % kWsSlots;
+      if ((i & 1) == 0) {
+        // In two halves of 8 keys: 16 entries at once do not fit the
+        // copying warpgroup's registers. Before the wait for the slot, so
+        // that the page table's latency overlaps it.
+        const int kb = static_cast<int>(i >> 1) * kN + j0;
+        kv.template rows_of<kN / 16, kPow2>(kb, 8, tile_hi, rows);
+        kv.template rows_of<kN / 16, kPow2>(kb + kN / 2, 8, tile_hi, rows + kN / 16);
+      }
+      if (i >= kWsSlots) wgmma::mbar_wait(empty_bar + 8 * st, ((i / kWsSlots) - 1) & 1u);
+      const char* chunk_base = (i & 1) ? chunk_v : chunk_k;
+      unsigned char* dst = b.smem + kWsOffSlot + st * kKvTile + dst0;
+#pragma unroll
+      for (int n = 0; n < kN / 8; ++n) {
+        cp_async16(dst + n * 8 * 128, kv_chunk_src<T>(chunk_base, rows[n]), rows[n] >= 0 ? 16 : 0);
+      }
+      wgmma::cp_async_mbar_arrive_noinc(full_bar + 8 * st);
+    }
+  };
+  if (kv.bs_pow2) {
+    copy_items(std::true_type{});
+  } else {
+    copy_items(std::false_type{});
+  }
+}
+#endif  // OSP_WGMMA_DEVICE
 
 // kPingpong: the two computing warpgroups take turns to issue their wgmma
 // (named barriers 1 and 2), so that one's softmax runs while the other's
@@ -734,7 +739,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) prefill_wgmma_ws_kernel(PagedAt
   if (wg == 0) {
     // Copying warpgroup (copy_kv_items).
     wgmma::regs_dec<kWsCopyRegs>();
-    copy_kv_items<T, kWsSlots>(a, b, tile_hi, nt, kWsOffSlot, full_bar, empty_bar);
+    copy_kv_items<T>(a, b, tile_hi, nt, full_bar, empty_bar);
     cp_async_commit();  // no copy of this thread outlives it
     cp_async_wait<0>();
   } else {
