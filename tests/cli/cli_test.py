@@ -11,23 +11,15 @@ import subprocess
 import sys
 import tempfile
 
+from checks import check, finish
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 OSPREY = sys.argv[1]
-failures = []
-checks = 0
 
 
 def run(args, stdin=None):
     p = subprocess.run([OSPREY] + args, input=stdin, capture_output=True, timeout=120)
     return p.returncode, p.stdout.decode("utf-8", "surrogateescape"), p.stderr.decode("utf-8", "replace")
-
-
-def check(cond, what):
-    global checks
-    checks += 1
-    if not cond:
-        failures.append(what)
-        print("FAIL:", what)
 
 
 ref = json.load(open(os.path.join(ROOT, "tests/model/default_reference.json")))
@@ -81,5 +73,4 @@ check(rc == 1 and err.startswith("osprey:"), "tokenize reports a missing tokeniz
 rc, out, err = run(["info", "--model", "default"])
 check(rc == 0 and "architecture:    llama" in out and "134515008" in out, "info on the default model")
 
-print(f"{checks - len(failures)} passed, {len(failures)} failed")
-sys.exit(1 if failures else 0)
+finish()

@@ -10,17 +10,9 @@ import subprocess
 import sys
 import tempfile
 
+from checks import check, finish
+
 TOOL = os.path.join(sys.argv[1], "bench", "gpu", "ncu_sass.py")
-failures = []
-checks = 0
-
-
-def check(cond, what):
-    global checks
-    checks += 1
-    if not cond:
-        failures.append(what)
-        print("FAIL:", what)
 
 
 HEADER = ['"Address"', '"Source"', '"Warp Stall Sampling (All Samples)"',
@@ -91,5 +83,4 @@ with tempfile.TemporaryDirectory() as d:
     check(rc == 2 and "not an ncu source page" in err, f"a file without the source page's header: rc 2, a message "
           f"(got {rc}: {err})")
 
-print(f"{checks - len(failures)} of {checks} checks passed")
-sys.exit(1 if failures else 0)
+finish()

@@ -9,22 +9,14 @@ import subprocess
 import sys
 import tempfile
 
+from checks import check, finish
+
 OSPREY = sys.argv[1]
-failures = []
-checks = 0
 
 
 def run(args):
     p = subprocess.run([OSPREY, "plan"] + args, capture_output=True, timeout=60)
     return p.returncode, p.stdout.decode(), p.stderr.decode()
-
-
-def check(cond, what):
-    global checks
-    checks += 1
-    if not cond:
-        failures.append(what)
-        print("FAIL:", what)
 
 
 # Text report.
@@ -88,5 +80,4 @@ for args, needle in bad:
     rc, out, err = run(args)
     check(rc != 0 and needle in err, f"bad input {args[2:]}: rc={rc} stderr={err.strip()!r} (expected {needle!r})")
 
-print(f"{checks - len(failures)}/{checks} checks passed")
-sys.exit(1 if failures else 0)
+finish()
