@@ -303,7 +303,10 @@ TEST_F(MatmulTest, Bf16AutotunedPlansMatchReference) {
   Tensor wt(gw.get(), DType::kBF16, {m, k}, Device::kCuda);
   uint32_t seed = 7100;
   // n: below the tuning threshold, a bucket's first and second shapes (also
-  // above 256: 298 and 300 share the bucket 304), large.
+  // above 256: 298 and 300 share the bucket 304), large. From 100 on each
+  // bucket's tuning also times the picks of the buckets already tuned within
+  // a factor of two (100's at 128, 100's and 128's at 65, 600's at 1000, 1000's at 2048): each
+  // must give the same product at an n it did not win at.
   for (int64_t n : {12, 100, 128, 65, 298, 300, 600, 1000, 2048}) {
     for (DType ot : {DType::kBF16, DType::kF32}) {
       const auto xf = random_floats(static_cast<size_t>(n * k), seed += 2);

@@ -180,6 +180,7 @@ class CudaBackend final : public ops::Backend {
   // An accumulating plan (beta = 1) is timed with C = out and D = tune_out_,
   // so out is left as it was.
   void lt_tune(const LtKey& key, LtPlan& plan, const void* w, const void* x, void* out);
+  void add_neighbour_picks(const LtKey& key, const LtPlan& plan, std::vector<cublasLtMatmulHeuristicResult_t>& cands);
   static std::vector<cublasLtMatmulHeuristicResult_t> lt_candidates(cublasLtHandle_t lt, cublasLtMatmulDesc_t desc,
                                                                     cublasLtMatrixLayout_t la,
                                                                     cublasLtMatrixLayout_t lb,

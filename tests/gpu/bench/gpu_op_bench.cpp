@@ -16,6 +16,10 @@
 // OSPREY_QGEMV_MAX_ROWS, 4 by default; dequantised panels + cuBLASLt
 // above); GB/s counts the packed weight bytes.
 //
+// `gpu_op_bench gemm-small-add` times the o and down shapes at n = 56..256
+// twice: as matmul (beta 0) and as matmul_add (the residual in place, beta
+// 1, as the engine runs them), to see what the residual add costs.
+//
 // `gpu_op_bench gemm-small` runs the copy ceiling and the 16-bit GEMM sweep
 // at decode batch sizes: BF16 x [n, k] @ w [m, k]^T at Llama-3-8B's weight
 // shapes for n = 1..256 (the backend's path: the own GEMV up to its row
@@ -319,6 +323,41 @@ void gemm_small_sweep(ops::Backend& be, double copy_gbs) {
   }
 }
 
+// gemm-small-add (file comment): the projections that add into the
+// residual (o and down) at serving's decode batch sizes, each n timed as
+// matmul (out written, beta 0) and as matmul_add (the residual updated in
+// place, beta 1), same weights, same x.
+void gemm_small_add_sweep(ops::Backend& be, double copy_gbs) {
+  struct Shape {
+    const char* name;
+    int64_t m, k;
+  };
+  const Shape shapes[] = {{"o", 4096, 4096}, {"down", 4096, 14336}};
+  const int64_t rows[] = {56, 64, 88, 96, 100, 104, 112, 120, 128, 160, 200, 256};
+  std::printf("GEMM BF16, out = x @ w^T (beta 0) against residual += x @ w^T (matmul_add, beta 1)\n");
+  std::printf("%-8s %5s %10s %10s %8s %8s\n", "shape", "n", "beta0 us", "beta1 us", "b0 %copy", "b1 %copy");
+  for (const Shape& sh : shapes) {
+    const WeightCopies wc = weight_copies(be, DType::kBF16, sh.m, sh.k, 500);
+    const size_t copies = wc.w.size();
+    const int calls = static_cast<int>(copies) * std::max(1, static_cast<int>((8 + copies - 1) / copies));
+    Buf x(be, static_cast<size_t>(256 * sh.k) * 2), o(be, static_cast<size_t>(256 * sh.m) * 2);
+    for (int64_t n : rows) {
+      Tensor xt(x.p, DType::kBF16, {n, sh.k}, Device::kCuda), ot(o.p, DType::kBF16, {n, sh.m}, Device::kCuda);
+      be.fill_uniform(xt, 7, -2.0f, 2.0f);
+      be.fill_uniform(ot, 8, -2.0f, 2.0f);
+      be.synchronize();
+      const double us0 = matmul_over_copies_us(be, xt, wc, ot);
+      Tensor scratch;
+      const double us1 = backend_graph_us(
+          be, calls, [&](int i) { be.matmul_add(xt, wc.w[static_cast<size_t>(i) % copies], ot, scratch); });
+      const double bytes = static_cast<double>(wc.bytes) + 2.0 * n * sh.k + 2.0 * n * sh.m;
+      std::printf("%-8s %5lld %10.1f %10.1f %7.1f%% %7.1f%%\n", sh.name, static_cast<long long>(n), us0, us1,
+                  100.0 * bytes / us0 / 1e3 / copy_gbs, 100.0 * (bytes + 2.0 * n * sh.m) / us1 / 1e3 / copy_gbs);
+      std::fflush(stdout);
+    }
+  }
+}
+
 // gemm-small-quant (file comment): BF16 activations on quantised weights.
 void gemm_small_quant_sweep(ops::Backend& be, double copy_gbs) {
   struct Shape {
@@ -360,7 +399,8 @@ int main(int argc, char** argv) {
   const std::pair<const char*, void (*)(ops::Backend&, double)> sweeps[] = {
       {"decode-attention", decode_attention_sweep},
       {"gemm-small", gemm_small_sweep},
-      {"gemm-small-quant", gemm_small_quant_sweep}};
+      {"gemm-small-quant", gemm_small_quant_sweep},
+      {"gemm-small-add", gemm_small_add_sweep}};
   for (const auto& [name, sweep] : sweeps) {
     if (argc > 1 && std::strcmp(argv[1], name) == 0) {
       const double copy_gbs = copy_ceiling(*be);

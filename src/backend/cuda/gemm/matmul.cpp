@@ -279,6 +279,44 @@ std::vector<int64_t> CudaBackend::matmul_tuning_rows(int64_t max_rows) const {
   return rows;
 }
 
+// The algorithms already picked for the same weight shape, dtypes and beta
+// at other buckets of n join the heuristic's candidates when they can run
+// this call (cublasLtMatmulAlgoCheck) and are not among them already. The
+// heuristic's list changes with n, and at some n none of its first
+// kLtCandidates is close to what a neighbouring n runs at: down (4096 x
+// 14336, BF16) at n = 96 took 48.8-49.8 us against 43.7-44.7 us at n = 88,
+// 100, 104 and 120 (H100, gpu_op_bench gemm-small-add, 2026-11-27). Only
+// buckets within a factor of two of this one count, each algorithm once.
+void CudaBackend::add_neighbour_picks(const LtKey& key, const LtPlan& plan,
+                                      std::vector<cublasLtMatmulHeuristicResult_t>& cands) {
+  static const bool off = env_equals("OSPREY_LT_NEIGHBOURS", "0");  // A/B: the heuristic's candidates only
+  if (off) return;
+  // Buckets within a factor of two of this one: the tile shapes that fit.
+  const int64_t n = tune_bucket(std::get<0>(key));
+  auto same_but_n = [&](const LtKey& other) {
+    LtKey a = key, b = other;
+    std::get<0>(a) = std::get<0>(b) = 0;
+    const int64_t on = std::get<0>(other);
+    return a == b && 2 * on >= n && on <= 2 * n;
+  };
+  auto known = [&](const cublasLtMatmulAlgo_t& algo) {
+    return std::any_of(cands.begin(), cands.end(), [&](const cublasLtMatmulHeuristicResult_t& c) {
+      return std::memcmp(&c.algo, &algo, sizeof(algo)) == 0;
+    });
+  };
+  for (const auto& [other, algo] : lt_best_) {
+    if (!same_but_n(other) || known(algo)) continue;
+    cublasLtMatmulHeuristicResult_t check{};
+    if (cublasLtMatmulAlgoCheck(lt_, plan.desc, plan.a, plan.b, plan.c, plan.c, &algo, &check) !=
+            CUBLAS_STATUS_SUCCESS ||
+        check.state != CUBLAS_STATUS_SUCCESS || check.workspaceSize > kLtWorkspaceBytes) {
+      continue;
+    }
+    check.algo = algo;
+    cands.push_back(check);
+  }
+}
+
 void CudaBackend::lt_tune(const LtKey& key, LtPlan& plan, const void* w, const void* x, void* out) {
   plan.tuned = true;  // settled now, whatever happens below: graph and eager calls of a shape agree
   const int64_t n = std::get<0>(key);
@@ -299,7 +337,9 @@ void CudaBackend::lt_tune(const LtKey& key, LtPlan& plan, const void* w, const v
       return;
     }
   }
-  const auto cands = lt_candidates(lt_, plan.desc, plan.a, plan.b, plan.c, std::get<6>(key), kLtCandidates);
+  auto cands = lt_candidates(lt_, plan.desc, plan.a, plan.b, plan.c, std::get<6>(key), kLtCandidates);
+  const size_t heuristic_count = cands.size();
+  add_neighbour_picks(key, plan, cands);
   if (cands.size() < 2) return;
   ++lt_timings_;
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
@@ -348,11 +388,13 @@ void CudaBackend::lt_tune(const LtKey& key, LtPlan& plan, const void* w, const v
       const auto [tn, tm, tk, ldo, out_type, acc, align, in_type] = key;
       (void)ldo, (void)align;
       std::fprintf(stderr,
-                   "lt autotune n=%lld m=%lld k=%lld %s->%s%s: %zu candidates, heuristic first %.1f us, best #%zu "
+                   "lt autotune n=%lld m=%lld k=%lld %s->%s%s: %zu candidates (+%zu from other n), heuristic first "
+                   "%.1f us, best #%zu "
                    "%.1f us (algo %d tile %d stages %d splitk %d)\n",
                    static_cast<long long>(tn), static_cast<long long>(tm), static_cast<long long>(tk),
                    std::string(dtype_name(static_cast<DType>(in_type))).c_str(),
-                   std::string(dtype_name(static_cast<DType>(out_type))).c_str(), acc ? " (beta 1)" : "", cands.size(),
+                   std::string(dtype_name(static_cast<DType>(out_type))).c_str(), acc ? " (beta 1)" : "",
+                   heuristic_count, cands.size() - heuristic_count,
                    1e3 * first_ms / kLtTuneReps, best_i, 1e3 * best_ms / kLtTuneReps,
                    algo_attr(plan.algo, CUBLASLT_ALGO_CONFIG_ID), algo_attr(plan.algo, CUBLASLT_ALGO_CONFIG_TILE_ID),
                    algo_attr(plan.algo, CUBLASLT_ALGO_CONFIG_STAGES_ID),
