@@ -195,7 +195,7 @@ class CudaBackend final : public ops::Backend {
   cublasHandle_t cublas_ = nullptr;
   cublasLtHandle_t lt_ = nullptr;
   std::map<LtKey, LtPlan> lt_plans_;
-  // Fastest timed algorithm per shape bucket (the key with n rounded up to a power of two); gemm/matmul.cpp.
+  // Fastest timed algorithm per shape bucket (the key with n replaced by its tuning bucket); gemm/matmul.cpp.
   std::map<LtKey, cublasLtMatmulAlgo_t> lt_best_;
   int64_t lt_timings_ = 0;  // lt_tune calls that timed candidates (matmul_tuning_runs)
 

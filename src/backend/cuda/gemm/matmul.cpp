@@ -56,9 +56,10 @@ constexpr int64_t kQuantGemvDefaultRows = 4;
 constexpr int64_t kPanelElems = int64_t{16} << 20;
 constexpr size_t kLtWorkspaceBytes = size_t{32} << 20;  // == the cuBLAS workspace the backend reserves
 // Autotuning (lt_gemm): the first call of a shape with at least
-// kLtTuneMinRows rows times the heuristic's first kLtCandidates algorithms
-// on the call's own operands (kLtTuneReps runs each after one warm-up) and
-// keeps the fastest. The winner is remembered per bucket of n and reused,
+// kLtTuneMinRows rows times the heuristic's first kLtCandidates algorithms,
+// and the picks of neighbouring buckets (add_neighbour_picks), on the call's
+// own operands (kLtTuneReps runs each after one warm-up) and keeps the
+// fastest. The winner is remembered per bucket of n and reused,
 // after cublasLtMatmulAlgoCheck, for the other n of that bucket, so a server
 // that sees many token counts times each weight shape a few times, not once
 // per count. Buckets: each n up to 8 (small-batch decode steps), then n
