@@ -1,6 +1,7 @@
 #include "engine/model_executor.h"
 
 #include <algorithm>
+#include <numeric>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -153,6 +154,7 @@ Status ModelExecutor::allocate_step_buffers(int max_tokens, int max_logit_rows, 
   L.block_indptr = take((S + 1) * 4);
   L.logit_rows = take(static_cast<size_t>(max_logit_rows) * 4);
   L.fill_src = take(T * 4);
+  L.decode_order = take(S * 4);  // between token_ids and block_indices: in upload 1
   L.block_indices = take(static_cast<size_t>(L.max_block_indices) * 4);
   L.sample_rows = take(static_cast<size_t>(L.max_sample_rows) * sizeof(DeviceSampleRow));
   L.edit_ids = take(static_cast<size_t>(L.max_edits) * 4);
@@ -279,6 +281,7 @@ void ModelExecutor::warm_up_decode(KvCache& kv) {
     host<int32_t>(L.slot_mapping)[s] = -1;
     host<int32_t>(L.kv_lens)[s] = 0;
     host<int32_t>(L.logit_rows)[s] = s;
+    host<int32_t>(L.decode_order)[s] = s;  // every bucket's prefix a permutation
     qi[s] = s;
     bi[s] = 0;
   }
@@ -472,6 +475,15 @@ ForwardBatch ModelExecutor::stage(const StepBatch& b, int padded) {
     }
     num_logit_rows = seqs;
   }
+  // The leading single-token sequences (all of a decode step, padding
+  // included) most keys first: AttentionBatch::decode_order.
+  const int lead = seqs > n ? seqs : leading_single_token_seqs(b.q_indptr);
+  if (lead > 0) {
+    int32_t* order = host<int32_t>(L.decode_order);
+    const int32_t* kv_lens = host<int32_t>(L.kv_lens);
+    std::iota(order, order + lead, 0);
+    std::stable_sort(order, order + lead, [&](int32_t x, int32_t y) { return kv_lens[x] > kv_lens[y]; });
+  }
   // Upload 1: the index arrays (the small ones, then the used block indices).
   if (!b.token_fills.empty()) {
     // Row t of token_ids takes sampled[fill_src[t]], or keeps its uploaded id (-1).
@@ -501,7 +513,8 @@ ForwardBatch ModelExecutor::stage(const StepBatch& b, int padded) {
     }
   }
   ForwardBatch fb = device_batch(seqs, tokens, b.max_q_len, b.max_kv_len, num_logit_rows);
-  fb.attn.num_leading_decodes = seqs > n ? seqs : leading_single_token_seqs(b.q_indptr);
+  fb.attn.num_leading_decodes = lead;
+  if (lead > 0) fb.attn.decode_order = dev<int32_t>(L.decode_order);
   return fb;
 }
 
@@ -511,6 +524,7 @@ ForwardBatch ModelExecutor::decode_graph_batch(int bucket) const {
   // depend on these sizes only, never on the arrays' contents.
   ForwardBatch fb = device_batch(bucket, bucket, 1, max_model_len_, bucket);
   fb.attn.num_leading_decodes = bucket;
+  fb.attn.decode_order = dev<int32_t>(layout_.decode_order);  // stage() fills it before every replay
   return fb;
 }
 

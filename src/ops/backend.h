@@ -61,6 +61,12 @@ struct AttentionBatch {
   // of a mixed step through its decode kernel and the rest through its
   // prefill kernel; the result is the same function either way.
   int num_leading_decodes = 0;
+  // Host hint, device array or null: in a pure decode step a permutation of
+  // [0, num_seqs), in a mixed step one of [0, num_leading_decodes), listing
+  // those sequences most keys first. A backend may start the longer
+  // sequences' work first, so that short ones fill the end of the kernel
+  // (less tail when lengths differ); results never depend on it.
+  const int32_t* decode_order = nullptr;
 };
 
 // One layer's paged KV cache:

@@ -316,6 +316,84 @@ TEST_F(AttentionTest, Decode16SplitMergeRepeatsAndGraphReplays) {
   }
 }
 
+// AttentionBatch::decode_order (longest first) only changes which block
+// takes which (sequence, KV head, split): the output must be the bytes of
+// the step without it, with many sequences of varied lengths (one split
+// each), with splits (a few long ones) and with padded sequences (kv_len 0),
+// eagerly and from a graph replayed after the order changed; and a mixed
+// step's decode part takes an order of its leading decodes.
+TEST_F(AttentionTest, Decode16LongestFirstOrderIsBitIdentical) {
+  const Config c{32, 8, 128, 16, DType::kBF16};
+  std::mt19937 rng(31);
+  std::vector<int> many;
+  for (int i = 0; i < 150; ++i) many.push_back(1 + static_cast<int>(rng() % 900));
+  for (const std::vector<int>& lens : std::vector<std::vector<int>>{many, {700, 5000, 33}, {64, 0, 2000, 0, 1}}) {
+    std::vector<SeqSpec> seqs;
+    for (int len : lens) seqs.push_back({1, len});
+    Batch h(seqs, c.block_size, 91);
+    const int64_t n = h.num_tokens();
+    const size_t page_elems = static_cast<size_t>(h.num_blocks) * c.block_size * c.hk * c.hd;
+    DeviceAttentionBatch db(gpu(), h);
+    DeviceMem gk = upload(gpu(), random_pages(c.kv_dtype, page_elems, 92));
+    DeviceMem gv = upload(gpu(), random_pages(c.kv_dtype, page_elems, 93));
+    DeviceMem gq = upload(gpu(), random_pages(c.kv_dtype, static_cast<size_t>(n * c.hq * c.hd), 94));
+    const std::vector<uint8_t> poison(static_cast<size_t>(n * c.hq * c.hd * 2), 0xff);
+    DeviceMem go = upload(gpu(), poison);
+    ops::LayerKv kv;
+    kv.k = Tensor(gk.get(), c.kv_dtype, {h.num_blocks, c.block_size, c.hk, c.hd}, Device::kCuda);
+    kv.v = Tensor(gv.get(), c.kv_dtype, {h.num_blocks, c.block_size, c.hk, c.hd}, Device::kCuda);
+    Tensor qt = dev_tensor(gq, c.kv_dtype, {n, c.hq, c.hd}), ot = dev_tensor(go, c.kv_dtype, {n, c.hq, c.hd});
+    const std::string what = "seqs=" + std::to_string(lens.size()) + " lens[0]=" + std::to_string(lens[0]);
+    gpu().paged_attention(qt, kv, db.b, 0.088f, 0, ot);
+    const auto want = download<uint8_t>(gpu(), go, poison.size());
+    ASSERT_NE(want, poison) << what;
+
+    std::vector<int32_t> order(lens.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int32_t x, int32_t y) { return lens[x] > lens[y]; });
+    DeviceMem gorder = upload(gpu(), order);
+    ops::AttentionBatch ob = db.b;
+    ob.decode_order = gorder.as<int32_t>();
+    auto run = [&] { gpu().paged_attention(qt, kv, ob, 0.088f, 0, ot); };
+    gpu().copy_to_device(go.get(), poison.data(), poison.size());
+    run();
+    EXPECT_EQ(download<uint8_t>(gpu(), go, poison.size()), want) << what << ": longest first";
+    if (!gpu().supports_graphs()) continue;
+    gpu().begin_capture();
+    run();
+    auto graph = gpu().end_capture();
+    ASSERT_NE(graph, nullptr);
+    std::reverse(order.begin(), order.end());  // another order, same graph: shortest first
+    gpu().copy_to_device(gorder.get(), order.data(), order.size() * 4);
+    for (int rep = 0; rep < 3; ++rep) {
+      gpu().copy_to_device(go.get(), poison.data(), poison.size());
+      graph->launch();
+      EXPECT_EQ(download<uint8_t>(gpu(), go, poison.size()), want) << what << ": graph replay " << rep;
+    }
+  }
+  // Mixed: three decodes ahead of a 40-token prompt chunk; the order covers the decodes.
+  const std::vector<SeqSpec> mixed = {{1, 300}, {1, 1200}, {1, 50}, {40, 90}};
+  Batch h(mixed, c.block_size, 95);
+  const int64_t n = h.num_tokens();
+  const size_t page_elems = static_cast<size_t>(h.num_blocks) * c.block_size * c.hk * c.hd;
+  DeviceAttentionBatch db(gpu(), h);
+  db.b.num_leading_decodes = 3;
+  DeviceMem gk = upload(gpu(), random_pages(c.kv_dtype, page_elems, 96));
+  DeviceMem gv = upload(gpu(), random_pages(c.kv_dtype, page_elems, 97));
+  DeviceMem gq = upload(gpu(), random_pages(c.kv_dtype, static_cast<size_t>(n * c.hq * c.hd), 98));
+  DeviceMem go(gpu(), static_cast<size_t>(n * c.hq * c.hd) * 2);
+  ops::LayerKv kv;
+  kv.k = Tensor(gk.get(), c.kv_dtype, {h.num_blocks, c.block_size, c.hk, c.hd}, Device::kCuda);
+  kv.v = Tensor(gv.get(), c.kv_dtype, {h.num_blocks, c.block_size, c.hk, c.hd}, Device::kCuda);
+  Tensor qt = dev_tensor(gq, c.kv_dtype, {n, c.hq, c.hd}), ot = dev_tensor(go, c.kv_dtype, {n, c.hq, c.hd});
+  gpu().paged_attention(qt, kv, db.b, 0.088f, 0, ot);
+  const auto want = download<uint8_t>(gpu(), go, static_cast<size_t>(n * c.hq * c.hd) * 2);
+  DeviceMem gorder = upload(gpu(), std::vector<int32_t>{1, 0, 2});
+  db.b.decode_order = gorder.as<int32_t>();
+  gpu().paged_attention(qt, kv, db.b, 0.088f, 0, ot);
+  EXPECT_EQ(download<uint8_t>(gpu(), go, want.size()), want) << "mixed step, decodes longest first";
+}
+
 class AttentionSplitTest : public GpuTest {
  protected:
   cuda::CudaBackendOptions gpu_options() const override {

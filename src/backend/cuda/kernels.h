@@ -236,6 +236,10 @@ struct PagedAttentionArgs {
   // block of each pair to finish) and no combine kernel runs. Null: the
   // combine kernel merges (launch_decode_attention decides).
   unsigned int* split_tickets = nullptr;
+  // Decode kernel only (tensor-core path): a permutation of [0, num_seqs),
+  // most keys first (AttentionBatch::decode_order), or null. The blocks of
+  // seq_order[0] are scheduled first, then seq_order[1]'s, and so on.
+  const int32_t* seq_order = nullptr;
 };
 
 // Largest head_dim the attention kernels take.

@@ -7,6 +7,7 @@
 //
 // Usage: model_bench [config name, default llama-3-8b] [dtype, default bfloat16] [--decode-only] [--ctx N]...
 //        [--ttft-reps N] [--ttft-gap-ms G] [--batch N]... [--pool-gb G] [--scatter] [--mixed P] [--profile-step]
+//        [--ctx-spread F]
 // --decode-only skips the TTFT and prefill breakdown (A/B runs of decode
 // switches such as OSPREY_CUDA_NO_PDL=1, which the header line echoes);
 // --ctx N (repeatable, 1..8192) replaces the decode contexts 512, 2048,
@@ -33,6 +34,11 @@
 // new tokens (serving's mixed steps: decodes riding along a prompt chunk;
 // the MBU column then still counts only the decodes' bytes). Run it with
 // OSPREY_MIXED_ATTENTION=joint for the single-launch attention (A/B).
+// --ctx-spread F (0..0.95, default 0) gives the batched decode steps'
+// sequences contexts spread evenly over ctx * [1 - F, 1 + F] in a shuffled
+// order (the mean stays ctx), as a server's sequences are; every batched
+// step carries the longest-first order the engine passes
+// (AttentionBatch::decode_order; OSPREY_DECODE_ORDER=0 ignores it, A/B).
 // --profile-step brackets one eager decode step of every --batch x --ctx
 // pair with cudaProfilerStart/Stop, for `ncu --profile-from-start off`:
 // each kernel's own time and DRAM bytes, without the event overhead of the
@@ -264,29 +270,52 @@ int32_t* put(ops::Backend& be, Step& s, const std::vector<int32_t>& v) {
   return static_cast<int32_t*>(p);
 }
 
+// Page slots each sequence of a batched decode step owns (make_decode_batch).
+int decode_pages_per_seq(int ctx, int bs, double spread) {
+  const int most = static_cast<int>(std::lround(ctx * (1.0 + spread)));
+  return (std::max(ctx, most) + bs - 1) / bs;
+}
+
 // A decode step of `seqs` sequences, one new token each at position
 // ctx - 1; sequence i owns pages page_of[i * pages + p] for p < pages =
 // ceil(ctx / bs) (page_of empty: pages [i * pages, (i + 1) * pages));
 // logits of every row. mixed > 0 appends a sequence of `mixed` new prompt
 // tokens at positions [0, mixed) on pages seqs * pages, seqs * pages + 1, ...
 // (a prompt riding along the decodes, as serving's mixed steps); its last
-// token gets a logits row.
+// token gets a logits row. spread > 0 (--ctx-spread): sequence i's context
+// is ctx * (1 + spread * u_i), the u_i evenly spaced over [-1, 1] in a
+// shuffled order (fixed seed), each sequence owning ceil(ctx * (1 + spread)
+// / bs) page slots of which it uses its own count. Every step also carries
+// AttentionBatch::decode_order (most keys first), as the engine's do.
 Step make_decode_batch(ops::Backend& be, int seqs, int ctx, int bs, int vocab,
-                       const std::vector<int32_t>& page_of = {}, int mixed = 0) {
+                       const std::vector<int32_t>& page_of = {}, int mixed = 0, double spread = 0) {
   Step s;
-  const int pages = (ctx + bs - 1) / bs;
+  const int pages = decode_pages_per_seq(ctx, bs, spread);
+  std::vector<int32_t> ctx_of(static_cast<size_t>(seqs), ctx);
+  if (spread > 0 && seqs > 1) {
+    for (int i = 0; i < seqs; ++i) {
+      const double u = -1.0 + 2.0 * i / (seqs - 1);
+      ctx_of[static_cast<size_t>(i)] = std::max(1, static_cast<int>(std::lround(ctx * (1.0 + spread * u))));
+    }
+    std::shuffle(ctx_of.begin(), ctx_of.end(), std::mt19937(4242));
+  }
   std::vector<int32_t> ids, pos, slots, q_indptr{0}, kv_lens, bptr{0}, bidx, rows;
   for (int i = 0; i < seqs; ++i) {
+    const int len = ctx_of[static_cast<size_t>(i)];
     ids.push_back((i * 7919 + 13) % vocab);
-    pos.push_back(ctx - 1);
+    pos.push_back(len - 1);
     auto page = [&](int p) { return page_of.empty() ? i * pages + p : page_of[static_cast<size_t>(i * pages + p)]; };
-    slots.push_back(page((ctx - 1) / bs) * bs + (ctx - 1) % bs);
+    slots.push_back(page((len - 1) / bs) * bs + (len - 1) % bs);
     q_indptr.push_back(i + 1);
-    kv_lens.push_back(ctx);
-    bptr.push_back((i + 1) * pages);
-    for (int p = 0; p < pages; ++p) bidx.push_back(page(p));
+    kv_lens.push_back(len);
+    const int used = (len + bs - 1) / bs;
+    bptr.push_back(bptr.back() + used);
+    for (int p = 0; p < used; ++p) bidx.push_back(page(p));
     rows.push_back(i);
   }
+  std::vector<int32_t> order(static_cast<size_t>(seqs));
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int32_t x, int32_t y) { return kv_lens[x] > kv_lens[y]; });
   if (mixed > 0) {
     const int first_free = seqs * pages;
     for (int t = 0; t < mixed; ++t) {
@@ -306,7 +335,8 @@ Step make_decode_batch(ops::Backend& be, int seqs, int ctx, int bs, int vocab,
   s.fb.attn.num_seqs = nseq;
   s.fb.attn.num_tokens = seqs + mixed;
   s.fb.attn.max_q_len = std::max(1, mixed);
-  s.fb.attn.max_kv_len = std::max(ctx, mixed);
+  s.fb.attn.max_kv_len = std::max(*std::max_element(ctx_of.begin(), ctx_of.end()), mixed);
+  s.fb.attn.decode_order = put(be, s, order);
   s.fb.attn.num_leading_decodes = seqs;
   s.fb.attn.q_indptr = put(be, s, q_indptr);
   s.fb.attn.kv_lens = put(be, s, kv_lens);
@@ -528,6 +558,7 @@ int main(int argc, char** argv) {
   double pool_gb = 0;
   bool scatter = false;
   int mixed = 0;
+  double ctx_spread = 0;
   bool profile_step = false;
   bool graph_edges = false;
   bool pdl_gemm = false;
@@ -562,6 +593,12 @@ int main(int argc, char** argv) {
       batches.push_back(n);
     } else if (a == "--mixed" && has_value) {
       if (!int_arg(i, 1, 8192, mixed)) return 2;
+    } else if (a == "--ctx-spread" && has_value) {
+      ctx_spread = std::atof(argv[++i]);
+      if (!(ctx_spread >= 0 && ctx_spread <= 0.95)) {
+        std::fprintf(stderr, "--ctx-spread: [0, 0.95]\n");
+        return 2;
+      }
     } else if (a == "--ctx" && has_value) {
       if (!int_arg(i, 1, 8192, n)) return 2;
       contexts.push_back(n);
@@ -646,7 +683,8 @@ int main(int argc, char** argv) {
   int kv_pages = (prompt + bs - 1) / bs;
   for (int b : batches)
     for (int ctx : contexts)
-      if (runs(b, ctx)) kv_pages = std::max(kv_pages, b * ((ctx + bs - 1) / bs) + (mixed + bs - 1) / bs);
+      if (runs(b, ctx))
+        kv_pages = std::max(kv_pages, b * decode_pages_per_seq(ctx, bs, ctx_spread) + (mixed + bs - 1) / bs);
   const double page_bytes = static_cast<double>(model.kv_bytes_per_token()) * bs;
   const int pool_pages = std::max(kv_pages + 1, static_cast<int>(pool_gb * 1e9 / page_bytes));
   KvCache kv = model.allocate_kv(pool_pages, bs);
@@ -699,6 +737,9 @@ int main(int argc, char** argv) {
   for (int batch : batches) {
     std::printf("\nbatch-%d decode%s (bytes/step = weights without the embedding table + KV read):\n", batch,
                 mixed > 0 && batch > 1 ? (" + one " + std::to_string(mixed) + "-token prompt").c_str() : "");
+    if (ctx_spread > 0 && batch > 1)
+      std::printf("  (contexts spread over ctx x [%.2f, %.2f], longest-first order %s)\n", 1 - ctx_spread,
+                  1 + ctx_spread, env_or("OSPREY_DECODE_ORDER", "(unset)"));
     std::printf("  %8s %10s %8s %10s %7s\n", "context", "ms/step", "tok/s", "GB/step", "MBU");
     for (int ctx : contexts) {
       if (!runs(batch, ctx)) {
@@ -707,7 +748,7 @@ int main(int argc, char** argv) {
       }
       Step s =
           batch == 1 ? make_step(be, 1, ctx, bs, c.vocab_size)
-                     : make_decode_batch(be, batch, ctx, bs, c.vocab_size, scattered, mixed);
+                     : make_decode_batch(be, batch, ctx, bs, c.vocab_size, scattered, mixed, ctx_spread);
       // Median ms of 50 runs of fn after 10 warm-up runs, each drained.
       auto time_ms = [&](const auto& fn) {
         std::vector<double> t;

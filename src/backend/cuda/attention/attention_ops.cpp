@@ -114,6 +114,9 @@ void CudaBackend::paged_attention(const Tensor& q, const ops::LayerKv& kv, const
   a.scale = scale;
   a.window = sliding_window;
   a.out = out.data();
+  // OSPREY_DECODE_ORDER=0: the decode kernel ignores the longest-first hint (A/B).
+  static const bool order_off = env_equals("OSPREY_DECODE_ORDER", "0");
+  a.seq_order = order_off ? nullptr : batch.decode_order;
   // A mixed step whose leading sequences have one query token each (decodes
   // riding along prompt chunks): those rows go through the decode kernel and
   // the rest through the prefill kernels, each on its own sub-batch (views of
@@ -137,6 +140,7 @@ void CudaBackend::paged_attention(const Tensor& q, const ops::LayerKv& kv, const
     d.num_tokens = lead;
     d.max_q_len = 1;
     PagedAttentionArgs p = a;
+    p.seq_order = nullptr;
     p.num_seqs = a.num_seqs - lead;
     p.num_tokens = a.num_tokens - lead;
     p.q_indptr += lead;
@@ -164,6 +168,7 @@ void CudaBackend::paged_attention(const Tensor& q, const ops::LayerKv& kv, const
   // keys, so short contexts leave the later splits empty.
   const bool decode = batch.num_tokens == batch.num_seqs && batch.max_q_len <= 1;
   if (decode) a.max_q_len = 1;
+  if (!decode) a.seq_order = nullptr;  // prefill kernels take no order
   run_attention(a, decode, stream_);
 }
 

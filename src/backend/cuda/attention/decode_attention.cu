@@ -389,9 +389,22 @@ __global__ void __launch_bounds__(kMmaThreads) mma_decode_kernel(PagedAttentionA
                 "the split merge's weights and flag fit the stage rings");
   extern __shared__ __align__(16) unsigned char mma_smem[];
 
-  const int seq = blockIdx.x;
-  const int kvh = blockIdx.y;
-  const int split = blockIdx.z;
+  // With a.seq_order, the blocks in launch order (x fastest, then y, z:
+  // roughly the order the SMs take them) walk the sequences longest first,
+  // every (KV head, split) block of one sequence before the next: short
+  // sequences' blocks fill the end of the grid instead of a long one's
+  // starting late. A host-written array: read before pdl_wait (below).
+  int seq = blockIdx.x;
+  int kvh = blockIdx.y;
+  int split = blockIdx.z;
+  if (a.seq_order != nullptr) {
+    const int per_seq = static_cast<int>(gridDim.y * gridDim.z);
+    const int linear = static_cast<int>(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z));
+    const int rest = linear % per_seq;
+    seq = a.seq_order[linear / per_seq];
+    kvh = rest % static_cast<int>(gridDim.y);
+    split = rest / static_cast<int>(gridDim.y);
+  }
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int g = lane / 4;  // MMA row: query head kvh * kG + g (g < kG)
