@@ -1,10 +1,10 @@
 #include "engine/model_executor.h"
 
 #include <algorithm>
-#include <numeric>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <numeric>
 #include <string>
 
 #include <spdlog/spdlog.h>
