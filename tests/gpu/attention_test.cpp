@@ -272,6 +272,42 @@ TEST_F(AttentionTest, Decode16OneSequenceEveryUsedSplitCount) {
   check_decode16(gpu(), cpu(), DType::kBF16, Config{32, 8, 128, 16, DType::kBF16}, {3000}, 700, seed += 7, true);
 }
 
+// A 16-bit attention step on the device: Batch(seqs, block size, seed)'s
+// pages, random K/V pages and queries of c.kv_dtype from seed + 1, + 2,
+// + 3, and the output filled with 0xff bytes (`poison`) until a run writes it.
+struct DeviceStep {
+  Config c;
+  Batch h;
+  int64_t n;
+  size_t page_elems;
+  DeviceAttentionBatch db;
+  DeviceMem gk, gv, gq;
+  std::vector<uint8_t> poison;
+  DeviceMem go;
+  ops::LayerKv kv;
+  Tensor qt, ot;
+
+  DeviceStep(ops::Backend& be, const Config& cfg, const std::vector<SeqSpec>& seqs, uint32_t seed)
+      : c(cfg),
+        h(seqs, c.block_size, seed),
+        n(h.num_tokens()),
+        page_elems(static_cast<size_t>(h.num_blocks) * c.block_size * c.hk * c.hd),
+        db(be, h),
+        gk(upload(be, random_pages(c.kv_dtype, page_elems, seed + 1))),
+        gv(upload(be, random_pages(c.kv_dtype, page_elems, seed + 2))),
+        gq(upload(be, random_pages(c.kv_dtype, static_cast<size_t>(n * c.hq * c.hd), seed + 3))),
+        poison(static_cast<size_t>(n * c.hq * c.hd * 2), 0xff),
+        go(upload(be, poison)) {
+    kv.k = Tensor(gk.get(), c.kv_dtype, {h.num_blocks, c.block_size, c.hk, c.hd}, Device::kCuda);
+    kv.v = Tensor(gv.get(), c.kv_dtype, {h.num_blocks, c.block_size, c.hk, c.hd}, Device::kCuda);
+    qt = dev_tensor(gq, c.kv_dtype, {n, c.hq, c.hd});
+    ot = dev_tensor(go, c.kv_dtype, {n, c.hq, c.hd});
+  }
+  void run(ops::Backend& be, const ops::AttentionBatch& b) { be.paged_attention(qt, kv, b, 0.088f, 0, ot); }
+  void fill_poison(ops::Backend& be) { be.copy_to_device(go.get(), poison.data(), poison.size()); }
+  std::vector<uint8_t> output(ops::Backend& be) { return download<uint8_t>(be, go, poison.size()); }
+};
+
 // A decode step with splits (one and three sequences: the in-kernel merge,
 // whose per-(sequence, KV head) counters must be back at zero after every
 // launch) run five times eagerly and five times from a CUDA graph, the
@@ -281,27 +317,15 @@ TEST_F(AttentionTest, Decode16SplitMergeRepeatsAndGraphReplays) {
   for (const std::vector<int>& lens : std::vector<std::vector<int>>{{3000}, {700, 5000, 33}}) {
     std::vector<SeqSpec> seqs;
     for (int len : lens) seqs.push_back({1, len});
-    Batch h(seqs, c.block_size, 77);
-    const int64_t n = h.num_tokens();
-    const size_t page_elems = static_cast<size_t>(h.num_blocks) * c.block_size * c.hk * c.hd;
-    DeviceAttentionBatch db(gpu(), h);
-    DeviceMem gk = upload(gpu(), random_pages(c.kv_dtype, page_elems, 78));
-    DeviceMem gv = upload(gpu(), random_pages(c.kv_dtype, page_elems, 79));
-    DeviceMem gq = upload(gpu(), random_pages(c.kv_dtype, static_cast<size_t>(n * c.hq * c.hd), 80));
-    const std::vector<uint8_t> poison(static_cast<size_t>(n * c.hq * c.hd * 2), 0xff);
-    DeviceMem go = upload(gpu(), poison);
-    ops::LayerKv kv;
-    kv.k = Tensor(gk.get(), c.kv_dtype, {h.num_blocks, c.block_size, c.hk, c.hd}, Device::kCuda);
-    kv.v = Tensor(gv.get(), c.kv_dtype, {h.num_blocks, c.block_size, c.hk, c.hd}, Device::kCuda);
-    Tensor qt = dev_tensor(gq, c.kv_dtype, {n, c.hq, c.hd}), ot = dev_tensor(go, c.kv_dtype, {n, c.hq, c.hd});
-    auto run = [&] { gpu().paged_attention(qt, kv, db.b, 0.088f, 0, ot); };
+    DeviceStep st(gpu(), c, seqs, 77);
+    auto run = [&] { st.run(gpu(), st.db.b); };
     run();
-    const auto want = download<uint8_t>(gpu(), go, poison.size());
-    ASSERT_NE(want, poison);
+    const auto want = st.output(gpu());
+    ASSERT_NE(want, st.poison);
     for (int rep = 0; rep < 5; ++rep) {
-      gpu().copy_to_device(go.get(), poison.data(), poison.size());
+      st.fill_poison(gpu());
       run();
-      EXPECT_EQ(download<uint8_t>(gpu(), go, poison.size()), want) << "eager run " << rep << " lens[0]=" << lens[0];
+      EXPECT_EQ(st.output(gpu()), want) << "eager run " << rep << " lens[0]=" << lens[0];
     }
     if (!gpu().supports_graphs()) continue;
     gpu().begin_capture();
@@ -309,9 +333,9 @@ TEST_F(AttentionTest, Decode16SplitMergeRepeatsAndGraphReplays) {
     auto graph = gpu().end_capture();
     ASSERT_NE(graph, nullptr);
     for (int rep = 0; rep < 5; ++rep) {
-      gpu().copy_to_device(go.get(), poison.data(), poison.size());
+      st.fill_poison(gpu());
       graph->launch();
-      EXPECT_EQ(download<uint8_t>(gpu(), go, poison.size()), want) << "graph replay " << rep << " lens[0]=" << lens[0];
+      EXPECT_EQ(st.output(gpu()), want) << "graph replay " << rep << " lens[0]=" << lens[0];
     }
   }
 }
@@ -330,34 +354,22 @@ TEST_F(AttentionTest, Decode16LongestFirstOrderIsBitIdentical) {
   for (const std::vector<int>& lens : std::vector<std::vector<int>>{many, {700, 5000, 33}, {64, 0, 2000, 0, 1}}) {
     std::vector<SeqSpec> seqs;
     for (int len : lens) seqs.push_back({1, len});
-    Batch h(seqs, c.block_size, 91);
-    const int64_t n = h.num_tokens();
-    const size_t page_elems = static_cast<size_t>(h.num_blocks) * c.block_size * c.hk * c.hd;
-    DeviceAttentionBatch db(gpu(), h);
-    DeviceMem gk = upload(gpu(), random_pages(c.kv_dtype, page_elems, 92));
-    DeviceMem gv = upload(gpu(), random_pages(c.kv_dtype, page_elems, 93));
-    DeviceMem gq = upload(gpu(), random_pages(c.kv_dtype, static_cast<size_t>(n * c.hq * c.hd), 94));
-    const std::vector<uint8_t> poison(static_cast<size_t>(n * c.hq * c.hd * 2), 0xff);
-    DeviceMem go = upload(gpu(), poison);
-    ops::LayerKv kv;
-    kv.k = Tensor(gk.get(), c.kv_dtype, {h.num_blocks, c.block_size, c.hk, c.hd}, Device::kCuda);
-    kv.v = Tensor(gv.get(), c.kv_dtype, {h.num_blocks, c.block_size, c.hk, c.hd}, Device::kCuda);
-    Tensor qt = dev_tensor(gq, c.kv_dtype, {n, c.hq, c.hd}), ot = dev_tensor(go, c.kv_dtype, {n, c.hq, c.hd});
+    DeviceStep st(gpu(), c, seqs, 91);
     const std::string what = "seqs=" + std::to_string(lens.size()) + " lens[0]=" + std::to_string(lens[0]);
-    gpu().paged_attention(qt, kv, db.b, 0.088f, 0, ot);
-    const auto want = download<uint8_t>(gpu(), go, poison.size());
-    ASSERT_NE(want, poison) << what;
+    st.run(gpu(), st.db.b);
+    const auto want = st.output(gpu());
+    ASSERT_NE(want, st.poison) << what;
 
     std::vector<int32_t> order(lens.size());
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(), [&](int32_t x, int32_t y) { return lens[x] > lens[y]; });
     DeviceMem gorder = upload(gpu(), order);
-    ops::AttentionBatch ob = db.b;
+    ops::AttentionBatch ob = st.db.b;
     ob.decode_order = gorder.as<int32_t>();
-    auto run = [&] { gpu().paged_attention(qt, kv, ob, 0.088f, 0, ot); };
-    gpu().copy_to_device(go.get(), poison.data(), poison.size());
+    auto run = [&] { st.run(gpu(), ob); };
+    st.fill_poison(gpu());
     run();
-    EXPECT_EQ(download<uint8_t>(gpu(), go, poison.size()), want) << what << ": longest first";
+    EXPECT_EQ(st.output(gpu()), want) << what << ": longest first";
     if (!gpu().supports_graphs()) continue;
     gpu().begin_capture();
     run();
@@ -366,32 +378,23 @@ TEST_F(AttentionTest, Decode16LongestFirstOrderIsBitIdentical) {
     std::reverse(order.begin(), order.end());  // another order, same graph: shortest first
     gpu().copy_to_device(gorder.get(), order.data(), order.size() * 4);
     for (int rep = 0; rep < 3; ++rep) {
-      gpu().copy_to_device(go.get(), poison.data(), poison.size());
+      st.fill_poison(gpu());
       graph->launch();
-      EXPECT_EQ(download<uint8_t>(gpu(), go, poison.size()), want) << what << ": graph replay " << rep;
+      EXPECT_EQ(st.output(gpu()), want) << what << ": graph replay " << rep;
     }
   }
   // Mixed: three decodes ahead of a 40-token prompt chunk; the order covers the decodes.
-  const std::vector<SeqSpec> mixed = {{1, 300}, {1, 1200}, {1, 50}, {40, 90}};
-  Batch h(mixed, c.block_size, 95);
-  const int64_t n = h.num_tokens();
-  const size_t page_elems = static_cast<size_t>(h.num_blocks) * c.block_size * c.hk * c.hd;
-  DeviceAttentionBatch db(gpu(), h);
-  db.b.num_leading_decodes = 3;
-  DeviceMem gk = upload(gpu(), random_pages(c.kv_dtype, page_elems, 96));
-  DeviceMem gv = upload(gpu(), random_pages(c.kv_dtype, page_elems, 97));
-  DeviceMem gq = upload(gpu(), random_pages(c.kv_dtype, static_cast<size_t>(n * c.hq * c.hd), 98));
-  DeviceMem go(gpu(), static_cast<size_t>(n * c.hq * c.hd) * 2);
-  ops::LayerKv kv;
-  kv.k = Tensor(gk.get(), c.kv_dtype, {h.num_blocks, c.block_size, c.hk, c.hd}, Device::kCuda);
-  kv.v = Tensor(gv.get(), c.kv_dtype, {h.num_blocks, c.block_size, c.hk, c.hd}, Device::kCuda);
-  Tensor qt = dev_tensor(gq, c.kv_dtype, {n, c.hq, c.hd}), ot = dev_tensor(go, c.kv_dtype, {n, c.hq, c.hd});
-  gpu().paged_attention(qt, kv, db.b, 0.088f, 0, ot);
-  const auto want = download<uint8_t>(gpu(), go, static_cast<size_t>(n * c.hq * c.hd) * 2);
+  DeviceStep st(gpu(), c, {{1, 300}, {1, 1200}, {1, 50}, {40, 90}}, 95);
+  st.db.b.num_leading_decodes = 3;
+  st.run(gpu(), st.db.b);
+  const auto want = st.output(gpu());
+  ASSERT_NE(want, st.poison) << "mixed step";
   DeviceMem gorder = upload(gpu(), std::vector<int32_t>{1, 0, 2});
-  db.b.decode_order = gorder.as<int32_t>();
-  gpu().paged_attention(qt, kv, db.b, 0.088f, 0, ot);
-  EXPECT_EQ(download<uint8_t>(gpu(), go, want.size()), want) << "mixed step, decodes longest first";
+  ops::AttentionBatch ob = st.db.b;
+  ob.decode_order = gorder.as<int32_t>();
+  st.fill_poison(gpu());
+  st.run(gpu(), ob);
+  EXPECT_EQ(st.output(gpu()), want) << "mixed step, decodes longest first";
 }
 
 class AttentionSplitTest : public GpuTest {
