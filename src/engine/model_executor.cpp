@@ -4,12 +4,12 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
-#include <numeric>
 #include <string>
 
 #include <spdlog/spdlog.h>
 
 #include "core/check.h"
+#include "ops/decode_order.h"
 
 namespace osprey {
 
@@ -478,12 +478,7 @@ ForwardBatch ModelExecutor::stage(const StepBatch& b, int padded) {
   // The leading single-token sequences (all of a decode step, padding
   // included) most keys first: AttentionBatch::decode_order.
   const int lead = seqs > n ? seqs : leading_single_token_seqs(b.q_indptr);
-  if (lead > 0) {
-    int32_t* order = host<int32_t>(L.decode_order);
-    const int32_t* kv_lens = host<int32_t>(L.kv_lens);
-    std::iota(order, order + lead, 0);
-    std::stable_sort(order, order + lead, [&](int32_t x, int32_t y) { return kv_lens[x] > kv_lens[y]; });
-  }
+  if (lead > 0) ops::longest_first_order(host<int32_t>(L.kv_lens), lead, host<int32_t>(L.decode_order));
   // Upload 1: the index arrays (the small ones, then the used block indices).
   if (!b.token_fills.empty()) {
     // Row t of token_ids takes sampled[fill_src[t]], or keeps its uploaded id (-1).

@@ -119,9 +119,8 @@ class ModelExecutor final : public Executor {
   // Uploaded each step: [token_ids, block_indices + used). `sampled` (the
   // sampler's ids, read by the next step's fills) lies before that span.
   struct Layout {
-    size_t sampled = 0, token_ids = 0, positions = 0, slot_mapping = 0, q_indptr = 0, kv_lens = 0,
-           block_indptr = 0, logit_rows = 0, fill_src = 0, decode_order = 0, block_indices = 0, sample_rows = 0,
-           edit_ids = 0,
+    size_t sampled = 0, token_ids = 0, positions = 0, slot_mapping = 0, q_indptr = 0, kv_lens = 0, block_indptr = 0,
+           logit_rows = 0, fill_src = 0, decode_order = 0, block_indices = 0, sample_rows = 0, edit_ids = 0,
            edit_vals = 0, bytes = 0;
     int max_tokens = 0, max_seqs = 0, max_block_indices = 0, max_logit_rows = 0, max_sample_rows = 0,
         max_edits = 0, max_scratch_rows = 0;

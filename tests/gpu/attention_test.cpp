@@ -9,6 +9,7 @@
 #include <numeric>
 
 #include "gpu_test_util.h"
+#include "ops/decode_order.h"
 
 namespace osprey::gpu_test {
 namespace {
@@ -361,8 +362,7 @@ TEST_F(AttentionTest, Decode16LongestFirstOrderIsBitIdentical) {
     ASSERT_NE(want, st.poison) << what;
 
     std::vector<int32_t> order(lens.size());
-    std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(), [&](int32_t x, int32_t y) { return lens[x] > lens[y]; });
+    ops::longest_first_order(st.h.kv_lens.data(), static_cast<int>(lens.size()), order.data());
     DeviceMem gorder = upload(gpu(), order);
     ops::AttentionBatch ob = st.db.b;
     ob.decode_order = gorder.as<int32_t>();

@@ -278,33 +278,43 @@ WeightCopies weight_copies(ops::Backend& be, DType t, int64_t m, int64_t k, uint
 }
 
 // Microseconds per matmul(x, w) in graph replay, the calls cycling over the
-// copies (at least 8 calls, whole rounds of copies).
-double matmul_over_copies_us(ops::Backend& be, const Tensor& x, const WeightCopies& wc, Tensor& out) {
+// copies (at least 8 calls, whole rounds of copies); add: matmul_add into
+// out instead (the residual, updated in place).
+double matmul_over_copies_us(ops::Backend& be, const Tensor& x, const WeightCopies& wc, Tensor& out, bool add = false) {
   const size_t copies = wc.w.size();
   const int calls = static_cast<int>(copies) * std::max(1, static_cast<int>((8 + copies - 1) / copies));
-  return backend_graph_us(be, calls,
-                          [&](int i) { be.matmul(x, wc.w[static_cast<size_t>(i) % copies], Tensor(), out); });
+  Tensor scratch;  // matmul_add's: the CUDA backend adds in place and leaves it unused
+  return backend_graph_us(be, calls, [&](int i) {
+    const Tensor& w = wc.w[static_cast<size_t>(i) % copies];
+    if (add) {
+      be.matmul_add(x, w, out, scratch);
+    } else {
+      be.matmul(x, w, Tensor(), out);
+    }
+  });
 }
+
+// A weight matrix [m, k] of Llama-3-8B by name.
+struct WeightShape {
+  const char* name;
+  int64_t m, k;
+};
 
 // Small-n GEMM sweep (see the file comment), weights from weight_copies.
 // GB/s counts the bytes one call must move (weights + x + out); % copy is
 // against the copy ceiling (read + write).
 void gemm_small_sweep(ops::Backend& be, double copy_gbs) {
-  struct Shape {
-    const char* name;
-    int64_t m, k;
-  };
-  const Shape shapes[] = {{"qkv", 6144, 4096},
-                          {"o", 4096, 4096},
-                          {"gate_up", 28672, 4096},
-                          {"down", 4096, 14336},
-                          {"lm_head", 128256, 4096}};
+  const WeightShape shapes[] = {{"qkv", 6144, 4096},
+                                {"o", 4096, 4096},
+                                {"gate_up", 28672, 4096},
+                                {"down", 4096, 14336},
+                                {"lm_head", 128256, 4096}};
   const int64_t rows[] = {1, 2, 3, 4, 6, 8, 9, 16, 24, 32, 48, 56, 64, 96, 100, 127, 128, 160, 192, 256};
   for (DType t : {DType::kBF16, DType::kF16}) {
     std::printf("GEMM %s at small n (x [n, k] @ w [m, k]^T, out %s)\n", std::string(dtype_name(t)).c_str(),
                 std::string(dtype_name(t)).c_str());
     std::printf("%-8s %5s %9s %8s %7s %8s\n", "shape", "n", "us", "GB/s", "% copy", "TFLOP/s");
-    for (const Shape& sh : shapes) {
+    for (const WeightShape& sh : shapes) {
       const WeightCopies wc = weight_copies(be, t, sh.m, sh.k, 100);
       Buf x(be, static_cast<size_t>(256 * sh.k) * 2), o(be, static_cast<size_t>(256 * sh.m) * 2);
       for (int64_t n : rows) {
@@ -328,18 +338,12 @@ void gemm_small_sweep(ops::Backend& be, double copy_gbs) {
 // matmul (out written, beta 0) and as matmul_add (the residual updated in
 // place, beta 1), same weights, same x.
 void gemm_small_add_sweep(ops::Backend& be, double copy_gbs) {
-  struct Shape {
-    const char* name;
-    int64_t m, k;
-  };
-  const Shape shapes[] = {{"o", 4096, 4096}, {"down", 4096, 14336}};
+  const WeightShape shapes[] = {{"o", 4096, 4096}, {"down", 4096, 14336}};
   const int64_t rows[] = {56, 64, 88, 96, 100, 104, 112, 120, 128, 160, 200, 256};
   std::printf("GEMM BF16, out = x @ w^T (beta 0) against residual += x @ w^T (matmul_add, beta 1)\n");
   std::printf("%-8s %5s %10s %10s %8s %8s\n", "shape", "n", "beta0 us", "beta1 us", "b0 %copy", "b1 %copy");
-  for (const Shape& sh : shapes) {
+  for (const WeightShape& sh : shapes) {
     const WeightCopies wc = weight_copies(be, DType::kBF16, sh.m, sh.k, 500);
-    const size_t copies = wc.w.size();
-    const int calls = static_cast<int>(copies) * std::max(1, static_cast<int>((8 + copies - 1) / copies));
     Buf x(be, static_cast<size_t>(256 * sh.k) * 2), o(be, static_cast<size_t>(256 * sh.m) * 2);
     for (int64_t n : rows) {
       Tensor xt(x.p, DType::kBF16, {n, sh.k}, Device::kCuda), ot(o.p, DType::kBF16, {n, sh.m}, Device::kCuda);
@@ -347,9 +351,7 @@ void gemm_small_add_sweep(ops::Backend& be, double copy_gbs) {
       be.fill_uniform(ot, 8, -2.0f, 2.0f);
       be.synchronize();
       const double us0 = matmul_over_copies_us(be, xt, wc, ot);
-      Tensor scratch;
-      const double us1 = backend_graph_us(
-          be, calls, [&](int i) { be.matmul_add(xt, wc.w[static_cast<size_t>(i) % copies], ot, scratch); });
+      const double us1 = matmul_over_copies_us(be, xt, wc, ot, /*add=*/true);
       const double bytes = static_cast<double>(wc.bytes) + 2.0 * n * sh.k + 2.0 * n * sh.m;
       std::printf("%-8s %5lld %10.1f %10.1f %7.1f%% %7.1f%%\n", sh.name, static_cast<long long>(n), us0, us1,
                   100.0 * bytes / us0 / 1e3 / copy_gbs, 100.0 * (bytes + 2.0 * n * sh.m) / us1 / 1e3 / copy_gbs);
@@ -360,18 +362,15 @@ void gemm_small_add_sweep(ops::Backend& be, double copy_gbs) {
 
 // gemm-small-quant (file comment): BF16 activations on quantised weights.
 void gemm_small_quant_sweep(ops::Backend& be, double copy_gbs) {
-  struct Shape {
-    const char* name;
-    int64_t m, k;
-  };
-  const Shape shapes[] = {{"qkv", 6144, 4096}, {"o", 4096, 4096}, {"gate_up", 28672, 4096}, {"down", 4096, 14336}};
+  const WeightShape shapes[] = {
+      {"qkv", 6144, 4096}, {"o", 4096, 4096}, {"gate_up", 28672, 4096}, {"down", 4096, 14336}};
   const int64_t rows[] = {1, 2, 4, 8, 9, 16, 24, 32, 33, 48, 64};
   const char* env = std::getenv("OSPREY_QGEMV_MAX_ROWS");
   for (DType t : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1}) {
     std::printf("GEMM %s weights, BF16 x [n, k], OSPREY_QGEMV_MAX_ROWS=%s\n", std::string(dtype_name(t)).c_str(),
                 env != nullptr ? env : "(unset)");
     std::printf("%-8s %5s %9s %8s %7s\n", "shape", "n", "us", "GB/s", "% copy");
-    for (const Shape& sh : shapes) {
+    for (const WeightShape& sh : shapes) {
       const WeightCopies wc = weight_copies(be, t, sh.m, sh.k, 300);
       Buf x(be, static_cast<size_t>(64 * sh.k) * 2), o(be, static_cast<size_t>(64 * sh.m) * 2);
       for (int64_t n : rows) {

@@ -73,6 +73,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_backend_impl.h"
 #include "model/model.h"
+#include "ops/decode_order.h"
 
 namespace {
 
@@ -272,8 +273,8 @@ int32_t* put(ops::Backend& be, Step& s, const std::vector<int32_t>& v) {
 
 // Page slots each sequence of a batched decode step owns (make_decode_batch).
 int decode_pages_per_seq(int ctx, int bs, double spread) {
-  const int most = static_cast<int>(std::lround(ctx * (1.0 + spread)));
-  return (std::max(ctx, most) + bs - 1) / bs;
+  const int most = static_cast<int>(std::lround(ctx * (1.0 + spread)));  // spread >= 0: >= ctx
+  return (most + bs - 1) / bs;
 }
 
 // A decode step of `seqs` sequences, one new token each at position
@@ -314,8 +315,7 @@ Step make_decode_batch(ops::Backend& be, int seqs, int ctx, int bs, int vocab,
     rows.push_back(i);
   }
   std::vector<int32_t> order(static_cast<size_t>(seqs));
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int32_t x, int32_t y) { return kv_lens[x] > kv_lens[y]; });
+  ops::longest_first_order(kv_lens.data(), seqs, order.data());
   if (mixed > 0) {
     const int first_free = seqs * pages;
     for (int t = 0; t < mixed; ++t) {
@@ -594,8 +594,10 @@ int main(int argc, char** argv) {
     } else if (a == "--mixed" && has_value) {
       if (!int_arg(i, 1, 8192, mixed)) return 2;
     } else if (a == "--ctx-spread" && has_value) {
-      ctx_spread = std::atof(argv[++i]);
-      if (!(ctx_spread >= 0 && ctx_spread <= 0.95)) {
+      char* end = nullptr;
+      const char* v = argv[++i];
+      ctx_spread = std::strtod(v, &end);
+      if (end == v || *end != '\0' || !(ctx_spread >= 0 && ctx_spread <= 0.95)) {
         std::fprintf(stderr, "--ctx-spread: [0, 0.95]\n");
         return 2;
       }

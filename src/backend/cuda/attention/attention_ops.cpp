@@ -114,9 +114,10 @@ void CudaBackend::paged_attention(const Tensor& q, const ops::LayerKv& kv, const
   a.scale = scale;
   a.window = sliding_window;
   a.out = out.data();
-  // OSPREY_DECODE_ORDER=0: the decode kernel ignores the longest-first hint (A/B).
+  // The decode kernel's longest-first order (decode parts only; the prefill
+  // kernels take none). OSPREY_DECODE_ORDER=0 ignores the hint (A/B).
   static const bool order_off = env_equals("OSPREY_DECODE_ORDER", "0");
-  a.seq_order = order_off ? nullptr : batch.decode_order;
+  const int32_t* decode_order = order_off ? nullptr : batch.decode_order;
   // A mixed step whose leading sequences have one query token each (decodes
   // riding along prompt chunks): those rows go through the decode kernel and
   // the rest through the prefill kernels, each on its own sub-batch (views of
@@ -136,11 +137,11 @@ void CudaBackend::paged_attention(const Tensor& q, const ops::LayerKv& kv, const
   if (split_mixed && lead > 0 && lead < batch.num_seqs && batch.num_tokens > batch.num_seqs &&
       options_.attention_splits <= 0) {
     PagedAttentionArgs d = a;
+    d.seq_order = decode_order;
     d.num_seqs = lead;
     d.num_tokens = lead;
     d.max_q_len = 1;
     PagedAttentionArgs p = a;
-    p.seq_order = nullptr;
     p.num_seqs = a.num_seqs - lead;
     p.num_tokens = a.num_tokens - lead;
     p.q_indptr += lead;
@@ -167,8 +168,10 @@ void CudaBackend::paged_attention(const Tensor& q, const ops::LayerKv& kv, const
   // (graph contract in ops/backend.h); each split takes >= kMinKeysPerSplit
   // keys, so short contexts leave the later splits empty.
   const bool decode = batch.num_tokens == batch.num_seqs && batch.max_q_len <= 1;
-  if (decode) a.max_q_len = 1;
-  if (!decode) a.seq_order = nullptr;  // prefill kernels take no order
+  if (decode) {
+    a.max_q_len = 1;
+    a.seq_order = decode_order;
+  }
   run_attention(a, decode, stream_);
 }
 
