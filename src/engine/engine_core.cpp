@@ -18,13 +18,27 @@ int64_t now_ns() {
 }
 
 // OSPREY_STEP_TRACE=<file>: one line per finished step, "step seqs tokens
-// decode_only device_us" (device_us -1 where the executor has no timing), to
-// compare the engine's steps with model_bench's at the same shapes. Opened
-// once per process; lines from several engines interleave.
-void trace_step(int64_t id, size_t seqs, int tokens, bool decode_only, int64_t device_ns) {
+// decode_only device_us wall_us before_us forward_us after_us" (device
+// times -1 where the executor has none; wall_us: when the step was waited
+// for, from the first traced step; before/forward/after: the device time
+// split around the forward, Executor::last_step_phases), to compare the
+// engine's steps with model_bench's at the same shapes and to see what a
+// step costs the wall clock. Opened once per process; lines from several
+// engines interleave.
+bool step_trace_on() {
+  static const bool on = [] {
+    const char* path = std::getenv("OSPREY_STEP_TRACE");
+    return path != nullptr && *path != '\0';
+  }();
+  return on;
+}
+
+void trace_step(int64_t id, size_t seqs, int tokens, bool decode_only, int64_t device_ns,
+                const Executor::StepPhases& ph) {
   static std::once_flag once;
   static std::FILE* f = nullptr;
   static std::mutex mu;
+  static int64_t t0 = 0;
   std::call_once(once, [] {
     const char* path = std::getenv("OSPREY_STEP_TRACE");
     if (!path || !*path) return;
@@ -33,8 +47,12 @@ void trace_step(int64_t id, size_t seqs, int tokens, bool decode_only, int64_t d
   });
   if (!f) return;
   const std::lock_guard<std::mutex> lock(mu);
-  std::fprintf(f, "%lld %zu %d %d %.1f\n", static_cast<long long>(id), seqs, tokens, decode_only ? 1 : 0,
-               device_ns >= 0 ? 1e-3 * static_cast<double>(device_ns) : -1.0);
+  const int64_t now = now_ns();
+  if (t0 == 0) t0 = now;
+  auto us = [](int64_t ns) { return ns >= 0 ? 1e-3 * static_cast<double>(ns) : -1.0; };
+  std::fprintf(f, "%lld %zu %d %d %.1f %.1f %.1f %.1f %.1f\n", static_cast<long long>(id), seqs, tokens,
+               decode_only ? 1 : 0, us(device_ns), 1e-3 * static_cast<double>(now - t0), us(ph.before_ns),
+               us(ph.forward_ns), us(ph.after_ns));
   std::fflush(f);
 }
 }  // namespace
@@ -53,6 +71,7 @@ Status EngineCore::initialize() {
                                            config_.scheduler.max_num_batched_tokens, scheduler_.max_logit_rows()));
   if (config_.num_swap_blocks > 0) OSP_RETURN_IF_ERROR(executor_.initialize_swap(config_.num_swap_blocks));
   async_ = config_.async_scheduling && executor_.supports_async_steps();
+  if (step_trace_on()) executor_.set_step_phases(true);
   return Status::Ok();
 }
 
@@ -477,7 +496,8 @@ Status EngineCore::finish_oldest(std::vector<SeqEvent>& events) {
   std::sort(touched.begin(), touched.end());
   touched.erase(std::unique(touched.begin(), touched.end()), touched.end());
   for (RequestState* r : touched) release_request_if_done(*r);
-  trace_step(rec.id, rec.seqs.size(), rec.num_tokens, rec.decode_only, executor_.last_step_device_ns());
+  trace_step(rec.id, rec.seqs.size(), rec.num_tokens, rec.decode_only, executor_.last_step_device_ns(),
+             executor_.last_step_phases());
   if (rec.decode_only) {
     ++stats_.num_decode_steps;
     stats_.decode_tokens += rec.num_tokens;

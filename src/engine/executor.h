@@ -104,6 +104,16 @@ class Executor {
   // Device time of the last execute_step (its copies, forward and sampling),
   // nanoseconds; -1 where not measured.
   virtual int64_t last_step_device_ns() const { return -1; }
+  // The last step's device time in three parts (nanoseconds; -1 where not
+  // measured): before the forward (page moves, uploads, token fills), the
+  // forward (graph replay or eager), after it (sampling, copies back).
+  // Measured only after set_step_phases(true) (two more timer marks a
+  // step); the engine turns it on for OSPREY_STEP_TRACE.
+  struct StepPhases {
+    int64_t before_ns = -1, forward_ns = -1, after_ns = -1;
+  };
+  virtual void set_step_phases(bool on) { (void)on; }
+  virtual StepPhases last_step_phases() const { return {}; }
   // The per-op profile (EngineConfig::profile); any thread. Empty by default.
   virtual ProfileReport profile() const { return {}; }
   virtual void reset_profile() {}

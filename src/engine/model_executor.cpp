@@ -632,6 +632,7 @@ Status ModelExecutor::enqueue(const StepBatch& b) {
   f.num_samples = 0;
   f.want_logprobs = false;
   f.logits = nullptr;
+  f.phases = false;
   f.mark_begin = backend_->timer_mark();
   // Queued before the forward.
   move_blocks(b);
@@ -649,12 +650,15 @@ Status ModelExecutor::enqueue(const StepBatch& b) {
       fb.attn.max_q_len = 1;
     }
     Tensor logits;
+    f.phases = step_phases_;
+    if (f.phases) f.mark_forward = backend_->timer_mark();
     if (bucket > 0) {
       logits = run_graph(bucket, fb);
     } else {
       logits = model_->forward(fb, kv_);
       if (decode) ++num_eager_decode_;
     }
+    if (f.phases) f.mark_after = backend_->timer_mark();
     if (logits.dtype() != DType::kF32) return internal_error("the model's logits must be F32");
     const int64_t vocab = vocab_size();
     const size_t M = static_cast<size_t>(L.max_sample_rows);
@@ -717,6 +721,14 @@ Expected<StepOutput> ModelExecutor::complete() {
   const double ms = backend_->timer_elapsed_ms(f.mark_begin, f.mark_end);
   if (ms < 0) backend_->synchronize();  // marks no longer held: wait for everything
   last_device_ns_ = ms >= 0 ? static_cast<int64_t>(ms * 1e6) : -1;
+  last_phases_ = {};
+  if (f.phases && ms >= 0) {
+    auto ns = [&](uint64_t a, uint64_t b) {
+      const double m = backend_->timer_elapsed_ms(a, b);
+      return m >= 0 ? static_cast<int64_t>(m * 1e6) : int64_t{-1};
+    };
+    last_phases_ = {ns(f.mark_begin, f.mark_forward), ns(f.mark_forward, f.mark_after), ns(f.mark_after, f.mark_end)};
+  }
   StepOutput out;
   out.logits = f.logits;
   if (f.num_samples > 0) {

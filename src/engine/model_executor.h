@@ -85,6 +85,8 @@ class ModelExecutor final : public Executor {
   Expected<StepOutput> wait_step() override;
   DeviceSamplingLimits device_sampling_limits() const override;
   int64_t last_step_device_ns() const override { return last_device_ns_; }
+  void set_step_phases(bool on) override { step_phases_ = on; }
+  StepPhases last_step_phases() const override { return last_phases_; }
   // Through the backend when it is an ops::ProfilingBackend (else empty).
   ProfileReport profile() const override;
   void reset_profile() override;
@@ -140,6 +142,9 @@ class ModelExecutor final : public Executor {
     bool want_logprobs = false;
     int host_buf = 0;                 // which sample_out_host_ buffer
     uint64_t mark_begin = 0, mark_end = 0;
+    // set_step_phases(true): around the forward (else unset).
+    bool phases = false;
+    uint64_t mark_forward = 0, mark_after = 0;
     const float* logits = nullptr;    // host logits (need_host_logits), else null
     std::vector<uint8_t> row_logprobs;  // per sample row: num_logprobs >= 0
   };
@@ -223,6 +228,8 @@ class ModelExecutor final : public Executor {
   int64_t num_graph_replays_ = 0;
   int64_t num_eager_decode_ = 0;
   int64_t last_device_ns_ = -1;
+  bool step_phases_ = false;
+  StepPhases last_phases_;
 };
 
 }  // namespace osprey
