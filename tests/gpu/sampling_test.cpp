@@ -8,7 +8,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
+#include <cstring>
+#include <functional>
+#include <limits>
 #include <map>
 #include <random>
 #include <set>
@@ -301,6 +305,190 @@ TEST_F(SamplingTest, TruncatedDrawsStayInHostKeptSet) {
       EXPECT_GT(seen.size(), 2u) << "draws should spread over the kept set";
     }
   }
+}
+
+// The device sampler's own semantics (sampling/device_sampling.h and the
+// comment of sampler.cu), written plainly on the host: weights exp((x -
+// max) / T) in double, fixed-point 2^-40 masses, the top-k cut by key with
+// ties kept in id order, the top-p cut at the largest key whose mass from
+// the top reaches top_p * total (ties at it kept while the mass before them
+// stays below the target), the draw walking the kept tokens in id order.
+// The device must give exactly this token: any change to how its passes
+// run (vectorised, per-warp histograms, the list in shared memory) must not
+// change a single draw.
+int device_model_token(const float* x, int64_t V, const DeviceSampleRow& r) {
+  auto greedy = [&] {
+    float bv = -std::numeric_limits<float>::infinity();
+    int64_t bi = -1;
+    for (int64_t i = 0; i < V; ++i) {
+      if (x[i] != x[i]) continue;
+      if (bi < 0 || x[i] > bv) {
+        bv = x[i];
+        bi = i;
+      }
+    }
+    return bi < 0 ? 0 : static_cast<int>(bi);
+  };
+  if (r.temperature <= kGreedyTemperature) return greedy();
+  float m = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < V; ++i)
+    if (x[i] > m) m = x[i];
+  if (!std::isfinite(m)) return greedy();
+  const double inv_t = 1.0 / static_cast<double>(r.temperature);
+  const double log_min_p = r.min_p > 0.0f ? std::log(static_cast<double>(r.min_p)) : -INFINITY;
+  auto weight = [&](float l) {
+    if (!(l > -INFINITY)) return 0.0;
+    const double s = (static_cast<double>(l) - static_cast<double>(m)) * inv_t;
+    if (s < log_min_p) return 0.0;
+    const double w = std::exp(s);
+    return w > 0.0 ? w : 0.0;
+  };
+  auto fixed = [&](float l) {
+    const double w = weight(l);
+    return w > 0.0 ? static_cast<uint64_t>(std::nearbyint(w * 1099511627776.0)) : uint64_t{0};
+  };
+  auto key = [](float l) {
+    uint32_t u;
+    std::memcpy(&u, &l, 4);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+  };
+  std::vector<int64_t> pos;  // positive tokens, id order
+  for (int64_t i = 0; i < V; ++i)
+    if (weight(x[i]) > 0.0) pos.push_back(i);
+  uint32_t cut_key = 0;
+  int64_t cut_ties = std::numeric_limits<int64_t>::max();
+  if (r.top_k > 0 && r.top_k < V && r.top_k < static_cast<int64_t>(pos.size())) {
+    std::vector<uint32_t> keys;
+    for (int64_t i : pos) keys.push_back(key(x[i]));
+    std::sort(keys.begin(), keys.end(), std::greater<>());
+    cut_key = keys[static_cast<size_t>(r.top_k) - 1];
+    cut_ties = r.top_k - std::count_if(keys.begin(), keys.end(), [&](uint32_t k) { return k > cut_key; });
+  }
+  auto kept = [&] {
+    std::vector<int64_t> out;
+    int64_t rank = 0;
+    for (int64_t i : pos) {
+      const uint32_t k = key(x[i]);
+      if (k > cut_key || (k == cut_key && rank++ < cut_ties)) out.push_back(i);
+    }
+    return out;
+  };
+  if (r.top_p < 1.0f) {
+    std::map<uint32_t, uint64_t, std::greater<>> mass;  // key -> kept mass, keys descending
+    std::map<uint32_t, float> value;
+    uint64_t total = 0;
+    for (int64_t i : kept()) {
+      mass[key(x[i])] += fixed(x[i]);
+      value[key(x[i])] = x[i];
+      total += fixed(x[i]);
+    }
+    const double target = static_cast<double>(r.top_p) * static_cast<double>(total);
+    uint64_t cum = 0, above = 0;
+    uint32_t K = 0;
+    bool found = false;
+    for (const auto& [k, w] : mass) {
+      if (w > 0 && static_cast<double>(cum + w) >= target) {
+        K = k;
+        above = cum;
+        found = true;
+        break;
+      }
+      cum += w;
+    }
+    if (!found) {  // only by rounding: the smallest key with mass
+      for (const auto& [k, w] : mass)
+        if (w > 0) K = k;
+      above = total - mass[K];
+    }
+    const uint64_t wk = fixed(value[K]);
+    int64_t keep = INT_MAX;
+    if (wk > 0) {
+      const double q = (target - static_cast<double>(above)) / static_cast<double>(wk);
+      keep = q >= static_cast<double>(INT_MAX) ? INT_MAX : static_cast<int64_t>(std::ceil(q));
+    }
+    keep = std::max<int64_t>(keep, 1);
+    if (K == cut_key) {
+      cut_ties = std::min(cut_ties, keep);
+    } else {
+      cut_key = K;
+      cut_ties = keep;
+    }
+  }
+  const std::vector<int64_t> ids = kept();
+  uint64_t aggregate = 0;
+  for (int64_t i : ids) aggregate += fixed(x[i]);
+  const double u = sampling_uniform(r.seed, r.seq_index, r.position);
+  const uint64_t target = static_cast<uint64_t>(u * static_cast<double>(aggregate));
+  uint64_t acc = 0;
+  for (int64_t i : ids) {
+    acc += fixed(x[i]);
+    if (acc > target) return static_cast<int>(i);
+  }
+  return greedy();
+}
+
+// Every truncation path of the device sampler (top-k below and above its
+// shared-memory list, top-p alone and after top-k, min-p, temperature only)
+// on flat, peaked and coarse logits (many equal values, so ties at the cuts),
+// with -inf and NaN entries, at vocabularies that do and do not fill 16-byte
+// groups: each row's token equals device_model_token's.
+TEST_F(SamplingTest, DrawsEqualTheDeviceSemanticsModel) {
+  struct P {
+    float t, top_p, min_p;
+    int top_k;
+  };
+  const std::vector<P> params = {{0.8f, 1.0f, 0.0f, 0},    {0.8f, 0.9f, 0.0f, 0},    {1.3f, 0.5f, 0.0f, 0},
+                                 {0.8f, 1.0f, 0.0f, 50},   {0.8f, 0.9f, 0.0f, 50},   {0.7f, 0.95f, 0.0f, 1},
+                                 {1.0f, 1.0f, 0.0f, 2000}, {1.0f, 0.6f, 0.0f, 2000}, {0.8f, 1.0f, 0.05f, 0},
+                                 {1.1f, 0.8f, 0.02f, 0},   {0.8f, 0.05f, 0.0f, 0},   {2.0f, 0.99f, 0.0f, 7}};
+  int checked = 0;
+  for (int64_t vocab : {int64_t{128256}, int64_t{5003}}) {
+    for (int kind = 0; kind < 3; ++kind) {
+      const int rows = 12;
+      std::vector<float> logits(static_cast<size_t>(rows) * vocab);
+      std::mt19937 rng(100 + kind + static_cast<uint32_t>(vocab));
+      std::uniform_real_distribution<float> uni(-4.0f, 4.0f);
+      std::normal_distribution<float> nrm(0.0f, 2.5f);
+      for (size_t i = 0; i < logits.size(); ++i) {
+        float v = kind == 1 ? nrm(rng) : uni(rng);
+        if (kind == 2) v = std::round(v * 4.0f) / 4.0f;  // 33 distinct values: ties everywhere
+        logits[i] = v;
+      }
+      for (int r = 0; r < rows; ++r) {
+        float* row = logits.data() + static_cast<size_t>(r) * vocab;
+        if (kind == 1)
+          for (int j = 0; j < 20; ++j) row[rng() % vocab] += 6.0f + 0.3f * static_cast<float>(j);
+        for (int64_t i = r; i < vocab; i += 1013) row[i] = -std::numeric_limits<float>::infinity();
+        if (r % 3 == 1) row[(r * 7919) % vocab] = std::numeric_limits<float>::quiet_NaN();
+      }
+      for (const P& p : params) {
+        std::vector<HostRow> hr(rows);
+        std::vector<DeviceSampleRow> dr(rows);
+        for (int r = 0; r < rows; ++r) {
+          hr[r].logit_row = r;
+          hr[r].p.temperature = p.t;
+          hr[r].p.top_p = p.top_p;
+          hr[r].p.top_k = p.top_k;
+          hr[r].p.min_p = p.min_p;
+          hr[r].seed = 5000 + static_cast<uint64_t>(r) * 31 + static_cast<uint64_t>(kind);
+          hr[r].seq_index = r % 4;
+          hr[r].position = 3 + r;
+          DeviceSampleEdits unused;
+          make_device_sample_row(hr[r].p, std::span<const int32_t>(), std::span<const int32_t>(),
+                                 std::span<const int32_t>(), hr[r].seed, hr[r].seq_index, hr[r].position, dr[r],
+                                 unused);
+        }
+        DeviceOut d = run(logits, vocab, hr);
+        for (int r = 0; r < rows; ++r) {
+          const int want = device_model_token(logits.data() + static_cast<size_t>(r) * vocab, vocab, dr[r]);
+          EXPECT_EQ(d.results[r].token, want) << "vocab " << vocab << " kind " << kind << " row " << r << " T " << p.t
+                                              << " top_k " << p.top_k << " top_p " << p.top_p << " min_p " << p.min_p;
+          ++checked;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(checked, 2 * 3 * 12 * 12);
 }
 
 TEST_F(SamplingTest, RowResultIndependentOfBatch) {

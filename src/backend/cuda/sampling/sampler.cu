@@ -5,17 +5,30 @@
 //    sampler's float operations (round-to-nearest intrinsics, no contraction).
 // 2. Greedy: argmax, ties to the lowest id (a deterministic block reduction).
 // 3. Otherwise the weights exp((x - max) / T) (double) of the finite tokens
-//    that pass min-p; top-k by a radix select on the order-preserving bits
-//    of x (ties at the cut to the lower ids); top-p by a radix select on the
-//    mass, with weights in 2^-40 fixed point so that every sum is an exact
-//    integer and the result never depends on the order of atomics; the draw
+//    that pass min-p, in 2^-40 fixed point so that every sum is an exact
+//    integer and no result depends on the order of a pass; top-k keeps the
+//    top_k largest keys (the order-preserving bits of x; ties at the cut to
+//    the lower ids); top-p keeps the largest keys while the mass of the
+//    better ones is below top_p * total (ties at its cut likewise); the draw
 //    walks the kept tokens in id order to u * total.
+//    How (the same result every way; DrawsEqualTheDeviceSemanticsModel
+//    checks it against a plain host model):
+//    - top_k <= kListMax: a histogram of (max - x) in 2048 buckets finds the
+//      best buckets that hold top_k tokens; those tokens go to a list in
+//      shared memory, are sorted by key, and the first top_k stay.
+//    - otherwise radix selects over the whole row, 8 bits of the key at a
+//      time, with per-warp histograms (counts combined across a warp's lanes
+//      first); the cut's ties become an id limit, so that every pass is
+//      vectorised and in no particular order.
+//    - top-p and the draw on the list when the kept set fits it (after
+//      top-k, min-p or the top-p cut), else over the row: each warp sums its
+//      part of the ids in 128-id tiles and only the tile that holds u * total
+//      is walked in order.
 // 4. Logprobs of the raw row: log_softmax in double, rank, and the top
 //    entries by repeated arg-max below the previous one.
-// Each thread owns a contiguous chunk of ids where id order matters (tie
-// ranks, the draw); reductions and scans are CUB's, deterministic for a
-// fixed block size, so a row's result depends on its logits and parameters
-// alone, never on the other rows.
+// Reductions and scans are CUB's, deterministic for a fixed block size, and
+// the integer masses make every sum exact, so a row's result depends on its
+// logits and parameters alone, never on the other rows.
 #include <cfloat>
 #include <climits>
 #include <cmath>
@@ -81,6 +94,27 @@ using ReduceU = cub::BlockReduce<unsigned long long, kThreads>;
 using ScanI = cub::BlockScan<int, kThreads>;
 using ScanU = cub::BlockScan<unsigned long long, kThreads>;
 
+// Truncation and draw work on a list in shared memory when the kept set is
+// small (top-k, min-p, a top-p cut): at most kListMax tokens.
+constexpr int kListMax = 1024;
+constexpr int kWarps = kThreads / 32;
+// exp(s) * 2^40 < 0.5 for every s below this (exp(-28.5) * 2^40 = 0.46):
+// the fixed-point weight is 0 without computing exp.
+constexpr double kFixedZeroBelow = -28.5;
+// Top-k's prefilter: tokens by floor((max - x) * kBucketScale), the last
+// bucket for everything further down.
+constexpr int kBuckets = 2048;
+constexpr float kBucketScale = 64.0f;
+// vocab_draw: 128-id tiles per warp held in shared memory (vocabularies up
+// to kWarps * kTiles * 128 = 262,144 ids; beyond, the warp walks its part).
+constexpr int kTiles = 128;
+
+struct ListEntry {
+  unsigned long long w;  // fixed-point weight
+  uint32_t key;
+  int id;
+};
+
 struct Shared {
   union {
     ReduceBest::TempStorage best;
@@ -91,14 +125,20 @@ struct Shared {
     ScanI::TempStorage si;
     ScanU::TempStorage su;
   } tmp;
+  union {
+    unsigned long long whist[kWarps][256];  // per-warp histograms of a radix pass
+    ListEntry list[kListMax];
+    unsigned bucket_count[kBuckets];              // top-k's prefilter
+    unsigned long long tile_sum[kWarps][kTiles];  // vocab_draw: mass of each 128-id tile
+  } big;
   unsigned long long hist[256];
-  unsigned long long prefix[kThreads + 1];  // draw: inclusive sums of the chunks before each thread
-  int tie_off[kThreads];                    // ties at the cut key in the chunks before each thread
+  unsigned long long warp_sum[kWarps];
   Best best;
   float f;
   double d;
   int i;
   unsigned long long u;
+  long long ll;
   uint32_t key;
   int token;
 };
@@ -190,97 +230,463 @@ __device__ T block_sum(Storage& storage, T* slot, T v) {
   return out;
 }
 
-// The sampling distribution of one row (see the file comment).
+// The sampling distribution of one row (see the file comment). weight()
+// is the defining formula; positive() and fixed() give weight() > 0 and
+// the fixed-point weight without calling exp where the result is known.
 struct Dist {
   const float* x;
   float m;
   double inv_t;
   double log_min_p;
+  __device__ double scaled(float l) const { return (static_cast<double>(l) - static_cast<double>(m)) * inv_t; }
   __device__ double weight(float l) const {
     if (!(l > -INFINITY)) return 0.0;  // -inf and NaN
-    const double s = (static_cast<double>(l) - static_cast<double>(m)) * inv_t;
+    const double s = scaled(l);
     if (s < log_min_p) return 0.0;
     const double w = exp(s);
     return w > 0.0 ? w : 0.0;
   }
+  __device__ bool positive(float l) const {
+    if (!(l > -INFINITY)) return false;
+    const double s = scaled(l);
+    if (s < log_min_p) return false;
+    return s > -700.0 || exp(s) > 0.0;  // exp underflows to 0 only below ~-745
+  }
+  __device__ unsigned long long fixed(float l) const {
+    if (!(l > -INFINITY)) return 0;
+    const double s = scaled(l);
+    if (s < log_min_p || s < kFixedZeroBelow) return 0;
+    const double w = exp(s);
+    return w > 0.0 ? __double2ull_rn(w * kFixedScale) : 0;
+  }
 };
 
-// Kept tokens: weight > 0 and (key > cut or (key == cut and tie rank < cut_ties)),
-// tie ranks counted in id order (tie_off + position among the chunk's ties).
+// Kept tokens: positive and (key > key_cut or (key == key_cut and id <=
+// tie_limit)); tie_limit is the id of the last kept tie, the rank rule
+// "ties at the cut kept in id order while rank < count" turned into an id,
+// so that membership does not depend on the order of a pass.
 struct Cut {
   uint32_t key = 0;
-  int ties = INT_MAX;
+  long long tie_limit = LLONG_MAX;
+  __device__ bool keeps(uint32_t k, int64_t id) const { return k > key || (k == key && id <= tie_limit); }
 };
 
-// Per-thread chunk of ids [lo, hi).
-struct Chunk {
-  int64_t lo, hi;
-};
-
-__device__ Chunk my_chunk(int64_t V) {
-  const int64_t per = (V + kThreads - 1) / kThreads;
-  const int64_t lo = min(V, per * threadIdx.x);
-  return Chunk{lo, min(V, lo + per)};
-}
-
-// Walks this thread's chunk, calling f(id, weight, key) for each kept token.
+// Calls f(v, id, valid) for every id < V in groups of 4 consecutive ids per
+// thread, kUnroll groups' loads in flight; every thread of the block makes
+// the same number of calls (warp-uniform: f may use warp intrinsics), with
+// valid = false past V.
 template <class F>
-__device__ void for_kept(const Dist& d, const Cut& cut, const Shared& sh, Chunk c, F f) {
-  int tie = sh.tie_off[threadIdx.x];
-  for (int64_t i = c.lo; i < c.hi; ++i) {
-    const float l = d.x[i];
-    const double w = d.weight(l);
-    if (w <= 0.0) continue;
-    const uint32_t k = order_key(l);
-    if (k < cut.key) continue;
-    if (k == cut.key) {
-      if (tie >= cut.ties) continue;
-      ++tie;
+__device__ __forceinline__ void for_each_uniform(const float* x, int64_t V, F f) {
+  constexpr int kUnroll = 4;
+  const bool vec = (reinterpret_cast<uintptr_t>(x) & 15u) == 0;
+  const int64_t groups = (V + 3) / 4;
+  const int64_t step = int64_t{kThreads} * kUnroll;
+  for (int64_t g0 = 0; g0 < groups; g0 += step) {
+    float q[kUnroll][4];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t g = g0 + u * kThreads + threadIdx.x;
+      const int64_t i = 4 * g;
+      if (g < groups && vec && i + 4 <= V) {
+        const float4 t = reinterpret_cast<const float4*>(x)[g];
+        q[u][0] = t.x;
+        q[u][1] = t.y;
+        q[u][2] = t.z;
+        q[u][3] = t.w;
+      } else {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) q[u][e] = (g < groups && i + e < V) ? x[i + e] : -INFINITY;
+      }
     }
-    f(i, w, k);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t i = 4 * (g0 + u * kThreads + threadIdx.x);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) f(q[u][e], i + e, i + e < V);
+    }
   }
 }
 
-// tie_off[t] = candidates with key == cut_key in the chunks before thread t.
-__device__ void scan_ties(Shared& sh, const Dist& d, Chunk c, uint32_t cut_key) {
-  int mine = 0;
-  for (int64_t i = c.lo; i < c.hi; ++i) {
-    const float l = d.x[i];
-    if (order_key(l) == cut_key && d.weight(l) > 0.0) ++mine;
-  }
-  int off = 0;
-  ScanI(sh.tmp.si).ExclusiveSum(mine, off);
-  sh.tie_off[threadIdx.x] = off;
+// Clears the per-warp histograms.
+__device__ void clear_whist(Shared& sh) {
+  unsigned long long* h = &sh.big.whist[0][0];
+  for (int j = threadIdx.x; j < kWarps * 256; j += kThreads) h[j] = 0;
   __syncthreads();
+}
+
+// hist[b] = the warps' histograms summed (after a pass).
+__device__ void merge_whist(Shared& sh) {
+  __syncthreads();
+  for (int b = threadIdx.x; b < 256; b += kThreads) {
+    unsigned long long t = 0;
+    for (int w = 0; w < kWarps; ++w) t += sh.big.whist[w][b];
+    sh.hist[b] = t;
+  }
+  __syncthreads();
+}
+
+// Adds c to the warp's histogram bin b (b = 256: nothing), the lanes that
+// share a bin combined first (one atomic per distinct bin).
+__device__ __forceinline__ void warp_count(Shared& sh, int b, unsigned c) {
+  const unsigned same = __match_any_sync(0xffffffffu, b);
+  const unsigned total = __reduce_add_sync(same, c);
+  if (b < 256 && (threadIdx.x & 31) == __ffs(same) - 1)
+    atomicAdd(&sh.big.whist[threadIdx.x >> 5][b], static_cast<unsigned long long>(total));
+}
+
+// The number of positive tokens with key == key; the id of the c-th of
+// them (1-based, id order), or LLONG_MAX when there are at most c.
+__device__ long long tie_limit_id(Shared& sh, const Dist& d, int64_t V, uint32_t key, long long c) {
+  int mine = 0;
+  for_each_uniform(d.x, V, [&](float l, int64_t, bool valid) { mine += valid && order_key(l) == key && d.positive(l); });
+  const int ties = block_sum<int, ReduceI>(sh.tmp.i, &sh.i, mine);
+  if (ties <= c) return LLONG_MAX;
+  // Rare (equal logits at the cut): each thread counts its contiguous chunk.
+  const int64_t per = (V + kThreads - 1) / kThreads;
+  const int64_t lo = min(V, per * threadIdx.x), hi = min(V, lo + per);
+  int chunk = 0;
+  for (int64_t i = lo; i < hi; ++i) chunk += order_key(d.x[i]) == key && d.positive(d.x[i]);
+  int off = 0;
+  ScanI(sh.tmp.si).ExclusiveSum(chunk, off);
+  if (off < c && c <= off + chunk) {
+    long long need = c - off;
+    for (int64_t i = lo; i < hi; ++i) {
+      if (order_key(d.x[i]) == key && d.positive(d.x[i]) && --need == 0) {
+        sh.ll = i;
+        break;
+      }
+    }
+  }
+  __syncthreads();
+  const long long out = sh.ll;
+  __syncthreads();
+  return out;
+}
+
+// Bitonic sort of list[0, n) padded to a power of two (sentinels sort last)
+// by less(a, b).
+template <class Less>
+__device__ void sort_list(Shared& sh, int n, Less less) {
+  int p = 1;
+  while (p < n) p <<= 1;
+  for (int j = n + static_cast<int>(threadIdx.x); j < p; j += kThreads) sh.big.list[j] = ListEntry{0, 0, INT_MAX};
+  __syncthreads();
+  for (int size = 2; size <= p; size <<= 1) {
+    for (int stride = size >> 1; stride > 0; stride >>= 1) {
+      for (int t = threadIdx.x; t < p / 2; t += kThreads) {
+        const int lo = 2 * t - (t & (stride - 1));
+        const int hi = lo + stride;
+        const bool up = (lo & size) == 0;
+        ListEntry a = sh.big.list[lo], b = sh.big.list[hi];
+        if (less(b, a) == up) {
+          sh.big.list[lo] = b;
+          sh.big.list[hi] = a;
+        }
+      }
+      __syncthreads();
+    }
+  }
+}
+
+// Sentinels (id INT_MAX) after every real entry.
+__device__ __forceinline__ bool by_key_desc(const ListEntry& a, const ListEntry& b) {
+  if ((a.id == INT_MAX) != (b.id == INT_MAX)) return b.id == INT_MAX;
+  return a.key > b.key || (a.key == b.key && a.id < b.id);
+}
+__device__ __forceinline__ bool by_id(const ListEntry& a, const ListEntry& b) { return a.id < b.id; }
+
+// Inclusive sums of list[j].w over j < n (in place: w becomes the running
+// sum); returns the total. Two entries a thread.
+__device__ unsigned long long scan_list(Shared& sh, int n) {
+  const int j0 = 2 * threadIdx.x;
+  const unsigned long long a = j0 < n ? sh.big.list[j0].w : 0, b = j0 + 1 < n ? sh.big.list[j0 + 1].w : 0;
+  unsigned long long incl = 0, total = 0;
+  ScanU(sh.tmp.su).InclusiveSum(a + b, incl, total);
+  __syncthreads();
+  if (j0 < n) sh.big.list[j0].w = incl - b;
+  if (j0 + 1 < n) sh.big.list[j0 + 1].w = incl;
+  __syncthreads();
+  return total;
+}
+
+// The top-p cut over the kept masses: the largest key K whose mass(key >=
+// K) reaches target (the smallest key with mass when rounding leaves none
+// that does), above = mass(key > K); returns how many ties at K stay
+// (id order): kept while above + j * w_K < target, at least 1.
+__device__ long long top_p_keep(const Dist& d, uint32_t K, unsigned long long above, double target) {
+  const unsigned long long wk = __double2ull_rn(d.weight(key_value(K)) * kFixedScale);
+  long long keep = INT_MAX;
+  if (wk > 0) {
+    const double q = (target - static_cast<double>(above)) / static_cast<double>(wk);
+    keep = q >= static_cast<double>(INT_MAX) ? INT_MAX : static_cast<long long>(ceil(q));
+  }
+  return keep < 1 ? 1 : keep;
+}
+
+// List path: list[0, n) holds every kept token (id, key, fixed weight);
+// applies top-p (top_p < 1) and draws in id order. -1: every kept weight
+// is 0 (the caller takes the greedy token).
+__device__ int list_draw(Shared& sh, const Dist& d, int n, float top_p, double u) {
+  if (top_p < 1.0f && n > 0) {
+    sort_list(sh, n, by_key_desc);
+    // Keys descending, ties in id order; w -> running mass.
+    const unsigned long long total = scan_list(sh, n);
+    const double target = static_cast<double>(top_p) * static_cast<double>(total);
+    if (threadIdx.x == 0) {
+      // The first entry whose running mass reaches target: its key is K.
+      int j = 0;
+      while (j < n && static_cast<double>(sh.big.list[j].w) < target) ++j;
+      if (j == n) {  // only by rounding: the smallest key with mass
+        j = n - 1;
+        while (j > 0 && sh.big.list[j].w == sh.big.list[j - 1].w) --j;
+      }
+      const uint32_t K = sh.big.list[j].key;
+      int first = j;
+      while (first > 0 && sh.big.list[first - 1].key == K) --first;
+      int last = j;
+      while (last + 1 < n && sh.big.list[last + 1].key == K) ++last;
+      const unsigned long long above = first > 0 ? sh.big.list[first - 1].w : 0;
+      const long long keep = top_p_keep(d, K, above, target);
+      sh.i = static_cast<int>(min(static_cast<long long>(last + 1), first + keep));  // kept: list[0, i)
+    }
+    __syncthreads();
+    const int kept = sh.i;
+    __syncthreads();
+    // The kept entries' own weights again (w holds running sums), then id order.
+    for (int j = threadIdx.x; j < kept; j += kThreads) sh.big.list[j].w = d.fixed(d.x[sh.big.list[j].id]);
+    __syncthreads();
+    n = kept;
+  }
+  sort_list(sh, n, by_id);
+  const unsigned long long aggregate = scan_list(sh, n);
+  const unsigned long long target = static_cast<unsigned long long>(u * static_cast<double>(aggregate));
+  if (threadIdx.x == 0) sh.token = -1;
+  __syncthreads();
+  // The first entry whose running weight exceeds target.
+  for (int j = threadIdx.x; j < n; j += kThreads) {
+    const unsigned long long prev = j > 0 ? sh.big.list[j - 1].w : 0;
+    if (sh.big.list[j].w > target && prev <= target) sh.token = sh.big.list[j].id;
+  }
+  __syncthreads();
+  const int token = sh.token;
+  __syncthreads();
+  return token;
+}
+
+// Full-vocabulary draw: the first kept id (id order) whose running weight
+// exceeds u * total. Warp w owns the ids [w S, (w + 1) S) (S a multiple of
+// 128) and sums them 128 at a time (4 a lane), keeping each tile's sum;
+// the tile holding the target is then walked once, in order. -1: every
+// kept weight is 0.
+__device__ int vocab_draw(Shared& sh, const Dist& d, int64_t V, const Cut& cut, double u) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t seg = ((V + kWarps - 1) / kWarps + 127) / 128 * 128;
+  const int64_t lo = min(V, warp * seg), hi = min(V, lo + seg);
+  const bool tiles_fit = seg / 128 <= kTiles;
+  auto w4 = [&](int64_t i, unsigned long long (&w)[4]) {
+    float l[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) l[e] = i + e < hi ? d.x[i + e] : -INFINITY;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) w[e] = (i + e < hi && cut.keeps(order_key(l[e]), i + e)) ? d.fixed(l[e]) : 0;
+  };
+  auto warp_total = [&](unsigned long long v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+  };
+  unsigned long long mine = 0;
+  int t = 0;
+  for (int64_t i0 = lo; i0 < hi; i0 += 128, ++t) {
+    unsigned long long w[4];
+    w4(i0 + 4 * lane, w);
+    const unsigned long long part = w[0] + w[1] + w[2] + w[3];
+    if (tiles_fit) {
+      const unsigned long long tile = warp_total(part);
+      if (lane == 0) sh.big.tile_sum[warp][t] = tile;
+    }
+    mine += part;
+  }
+  mine = warp_total(mine);
+  if (lane == 0) sh.warp_sum[warp] = mine;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned long long aggregate = 0;
+    for (int w = 0; w < kWarps; ++w) aggregate += sh.warp_sum[w];
+    const unsigned long long target = static_cast<unsigned long long>(u * static_cast<double>(aggregate));
+    int owner = -1;
+    unsigned long long base = 0;
+    for (int w = 0; w < kWarps; ++w) {
+      if (target < base + sh.warp_sum[w]) {
+        owner = w;
+        break;
+      }
+      base += sh.warp_sum[w];
+    }
+    int64_t from = 0;
+    if (owner >= 0) {
+      const int64_t olo = min(V, owner * seg);
+      from = olo;
+      if (tiles_fit) {  // the owner's tile that holds the target
+        for (int tt = 0; olo + 128 * tt < min(V, olo + seg); ++tt) {
+          const unsigned long long ts = sh.big.tile_sum[owner][tt];
+          if (target < base + ts) break;
+          base += ts;
+          from += 128;
+        }
+      }
+    }
+    sh.i = owner;
+    sh.u = base;
+    sh.ll = from;
+    sh.hist[0] = target;
+    sh.token = -1;
+  }
+  __syncthreads();
+  const int owner = sh.i;
+  if (warp == owner) {
+    const unsigned long long target = sh.hist[0];
+    unsigned long long base = sh.u;
+    for (int64_t i0 = sh.ll; i0 < hi; i0 += 128) {
+      const int64_t i = i0 + 4 * lane;
+      unsigned long long w[4];
+      w4(i, w);
+      const unsigned long long part = w[0] + w[1] + w[2] + w[3];
+      unsigned long long incl = part;
+      for (int o = 1; o < 32; o <<= 1) {
+        const unsigned long long v = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += v;
+      }
+      const unsigned long long end = base + __shfl_sync(0xffffffffu, incl, 31);
+      if (target < end) {
+        unsigned long long acc = base + incl - part;
+        if (target >= acc && target < acc + part) {
+          for (int e = 0; e < 4; ++e) {
+            acc += w[e];
+            if (acc > target) {
+              sh.token = static_cast<int>(i + e);
+              break;
+            }
+          }
+        }
+        break;
+      }
+      base = end;
+    }
+  }
+  __syncthreads();
+  const int token = sh.token;
+  __syncthreads();
+  return token;
+}
+
+// Top-k with top_k <= kListMax: the tokens of the best buckets (floor((max
+// - x) * kBucketScale), monotone in x) up to the first bucket where the
+// count from the top reaches top_k hold every token of the top_k largest
+// keys, ties at the cut included; they go to the list (positive ones only),
+// sorted by key (ties in id order), and the first top_k stay. Returns the
+// kept count, or -1 when that needs more than kListMax entries (many equal
+// logits) or too few finite tokens lie within the buckets: the caller then
+// takes the radix path.
+__device__ int top_k_list(Shared& sh, const Dist& d, int64_t V, int top_k) {
+  for (int b = threadIdx.x; b < kBuckets; b += kThreads) sh.big.bucket_count[b] = 0;
+  __syncthreads();
+  const float m = d.m;
+  auto bucket = [m](float l) {
+    const float t = (m - l) * kBucketScale;  // NaN and -inf: the last bucket
+    return t < static_cast<float>(kBuckets - 1) ? static_cast<int>(t) : kBuckets - 1;
+  };
+  for_each_uniform(d.x, V, [&](float l, int64_t, bool valid) {
+    const int b = bucket(l);
+    if (valid && b < kBuckets - 1) atomicAdd(&sh.big.bucket_count[b], 1u);
+  });
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int cum = 0, last = -1;
+    for (int b = 0; b < kBuckets - 1; ++b) {
+      cum += static_cast<int>(sh.big.bucket_count[b]);
+      if (cum >= top_k) {
+        last = b;
+        break;
+      }
+    }
+    sh.i = (last < 0 || cum > kListMax) ? -1 : last;
+  }
+  __syncthreads();
+  const int last = sh.i;
+  __syncthreads();
+  if (last < 0) return -1;
+  if (threadIdx.x == 0) sh.i = 0;
+  __syncthreads();
+  for_each_uniform(d.x, V, [&](float l, int64_t id, bool valid) {
+    if (!valid || bucket(l) > last || !d.positive(l)) return;
+    const int slot = atomicAdd(&sh.i, 1);
+    if (slot < kListMax) sh.big.list[slot] = ListEntry{d.fixed(l), order_key(l), static_cast<int>(id)};
+  });
+  __syncthreads();
+  const int n = sh.i;
+  __syncthreads();
+  sort_list(sh, n, by_key_desc);
+  return min(n, top_k);
+}
+
+// Appends every kept token (id, key, fixed weight) to the list; false when
+// more than kListMax are kept (the list is then not usable). count is the
+// number kept (from an earlier pass).
+__device__ bool build_list(Shared& sh, const Dist& d, int64_t V, const Cut& cut, int count) {
+  if (count > kListMax) return false;
+  if (threadIdx.x == 0) sh.i = 0;
+  __syncthreads();
+  for_each_uniform(d.x, V, [&](float l, int64_t id, bool valid) {
+    if (!valid || !d.positive(l)) return;
+    const uint32_t k = order_key(l);
+    if (!cut.keeps(k, id)) return;
+    const int slot = atomicAdd(&sh.i, 1);
+    if (slot < kListMax) sh.big.list[slot] = ListEntry{d.fixed(l), k, static_cast<int>(id)};
+  });
+  __syncthreads();
+  return true;
+}
+
+__device__ int count_kept(Shared& sh, const Dist& d, int64_t V, const Cut& cut) {
+  int mine = 0;
+  for_each_uniform(d.x, V, [&](float l, int64_t id, bool valid) {
+    mine += valid && d.positive(l) && cut.keeps(order_key(l), id);
+  });
+  return block_sum<int, ReduceI>(sh.tmp.i, &sh.i, mine);
 }
 
 __device__ int sample_row(Shared& sh, const float* x, int64_t V, const DeviceSampleRow& row) {
   const float m = block_max(sh, x, V);
   if (!isfinite(m)) return greedy_token(sh, x, V);  // nothing finite: greedy, as the host does
-  Dist d{x, m, 1.0 / static_cast<double>(row.temperature),
-         row.min_p > 0.0f ? log(static_cast<double>(row.min_p)) : -INFINITY};
-  const Chunk c = my_chunk(V);
+  const Dist d{x, m, 1.0 / static_cast<double>(row.temperature),
+               row.min_p > 0.0f ? log(static_cast<double>(row.min_p)) : -INFINITY};
+  const double u = uniform01(row.seed, row.seq_index, row.position);
   Cut cut;
-  sh.tie_off[threadIdx.x] = 0;
-  __syncthreads();
+  const int lane_bin_none = 256;
 
+  if (row.top_k > 0 && row.top_k < V && row.top_k <= kListMax) {
+    const int kept = top_k_list(sh, d, V, row.top_k);
+    if (kept >= 0) {
+      const int token = list_draw(sh, d, kept, row.top_p, u);
+      return token >= 0 ? token : greedy_token(sh, x, V);
+    }
+  }
   if (row.top_k > 0 && row.top_k < V) {
     int mine = 0;
-    for (int64_t i = threadIdx.x; i < V; i += kThreads) mine += d.weight(x[i]) > 0.0;
+    for_each_uniform(x, V, [&](float l, int64_t, bool valid) { mine += valid && d.positive(l); });
     const int candidates = block_sum<int, ReduceI>(sh.tmp.i, &sh.i, mine);
     if (row.top_k < candidates) {
       // The top_k-th largest key among candidates, 8 bits at a time.
       uint32_t prefix = 0, mask = 0;
       int remaining = row.top_k;
       for (int shift = 24; shift >= 0; shift -= 8) {
-        for (int b = threadIdx.x; b < 256; b += kThreads) sh.hist[b] = 0;
-        __syncthreads();
-        for (int64_t i = threadIdx.x; i < V; i += kThreads) {
-          const float l = x[i];
+        clear_whist(sh);
+        for_each_uniform(x, V, [&](float l, int64_t, bool valid) {
           const uint32_t k = order_key(l);
-          if ((k & mask) == prefix && d.weight(l) > 0.0) atomicAdd(&sh.hist[(k >> shift) & 255u], 1ULL);
-        }
-        __syncthreads();
+          const bool in = valid && (k & mask) == prefix && d.positive(l);
+          warp_count(sh, in ? static_cast<int>((k >> shift) & 255u) : lane_bin_none, 1u);
+        });
+        merge_whist(sh);
         if (threadIdx.x == 0) {
           int sel = 0;
           for (int b = 255; b >= 0; --b) {
@@ -301,30 +707,44 @@ __device__ int sample_row(Shared& sh, const float* x, int64_t V, const DeviceSam
         __syncthreads();
       }
       cut.key = prefix;
-      cut.ties = remaining;
-      scan_ties(sh, d, c, cut.key);
+      cut.tie_limit = tie_limit_id(sh, d, V, prefix, remaining);
+    }
+  }
+
+  // A small kept set (a top-k cut, min-p): top-p and the draw on the list.
+  if (row.top_k > 0 || row.min_p > 0.0f) {
+    const int kept = count_kept(sh, d, V, cut);
+    if (build_list(sh, d, V, cut, kept)) {
+      const int token = list_draw(sh, d, kept, row.top_p, u);
+      return token >= 0 ? token : greedy_token(sh, x, V);
     }
   }
 
   if (row.top_p < 1.0f) {
-    unsigned long long mine = 0;
-    for_kept(d, cut, sh, c, [&](int64_t, double w, uint32_t) { mine += __double2ull_rn(w * kFixedScale); });
-    const unsigned long long total = block_sum<unsigned long long, ReduceU>(sh.tmp.u, &sh.u, mine);
-    const double target = static_cast<double>(row.top_p) * static_cast<double>(total);
-    // The largest key K with mass(key >= K) >= target.
+    // Radix select on the kept mass, 8 bits of the key at a time; the first
+    // pass also gives the total.
     uint32_t prefix = 0, mask = 0;
     unsigned long long above = 0;
+    double target = 0.0;
     for (int shift = 24; shift >= 0; shift -= 8) {
-      for (int b = threadIdx.x; b < 256; b += kThreads) sh.hist[b] = 0;
-      __syncthreads();
-      for_kept(d, cut, sh, c, [&](int64_t, double w, uint32_t k) {
-        if ((k & mask) == prefix) atomicAdd(&sh.hist[(k >> shift) & 255u], __double2ull_rn(w * kFixedScale));
+      clear_whist(sh);
+      for_each_uniform(x, V, [&](float l, int64_t id, bool valid) {
+        const uint32_t k = order_key(l);
+        if (!valid || (k & mask) != prefix || !cut.keeps(k, id)) return;
+        const unsigned long long w = d.fixed(l);
+        if (w) atomicAdd(&sh.big.whist[threadIdx.x >> 5][(k >> shift) & 255u], w);
       });
-      __syncthreads();
+      merge_whist(sh);
       if (threadIdx.x == 0) {
+        if (shift == 24) {
+          unsigned long long total = 0;
+          for (int b = 0; b < 256; ++b) total += sh.hist[b];
+          sh.d = static_cast<double>(row.top_p) * static_cast<double>(total);
+        }
+        const double t = sh.d;
         int sel = -1, last_nonzero = 0;
         for (int b = 255; b >= 0; --b) {
-          if (static_cast<double>(above + sh.hist[b]) >= target) {
+          if (static_cast<double>(above + sh.hist[b]) >= t) {
             sel = b;
             break;
           }
@@ -341,61 +761,27 @@ __device__ int sample_row(Shared& sh, const float* x, int64_t V, const DeviceSam
       __syncthreads();
       prefix = sh.key;
       above = sh.u;
+      target = sh.d;
       mask |= 255u << shift;
       __syncthreads();
     }
-    // Ties at K: the j-th (id order) is kept while above + j * w_K < target.
-    const unsigned long long wk = __double2ull_rn(d.weight(key_value(prefix)) * kFixedScale);
-    long long keep = INT_MAX;
-    if (wk > 0) {
-      const double q = (target - static_cast<double>(above)) / static_cast<double>(wk);
-      keep = q >= static_cast<double>(INT_MAX) ? INT_MAX : static_cast<long long>(ceil(q));
-    }
-    if (keep < 1) keep = 1;
+    const long long keep = top_p_keep(d, prefix, above, target);
     if (prefix == cut.key) {
-      cut.ties = static_cast<int>(min(static_cast<long long>(cut.ties), keep));
+      // Both cuts at one key: the fewer ties (in id order) stay.
+      const long long limit = tie_limit_id(sh, d, V, prefix, keep);
+      cut.tie_limit = min(cut.tie_limit, limit);
     } else {
       cut.key = prefix;
-      cut.ties = static_cast<int>(keep);
-      scan_ties(sh, d, c, cut.key);
+      cut.tie_limit = tie_limit_id(sh, d, V, prefix, keep);
+    }
+    const int kept2 = count_kept(sh, d, V, cut);
+    if (build_list(sh, d, V, cut, kept2)) {
+      const int token = list_draw(sh, d, kept2, 1.0f, u);
+      return token >= 0 ? token : greedy_token(sh, x, V);
     }
   }
-
-  // Draw: the first kept id (id order) whose cumulative weight exceeds u * total.
-  unsigned long long mine = 0;
-  int64_t last = -1;
-  for_kept(d, cut, sh, c, [&](int64_t i, double w, uint32_t) {
-    mine += __double2ull_rn(w * kFixedScale);
-    last = i;
-  });
-  unsigned long long incl = 0, aggregate = 0;
-  ScanU(sh.tmp.su).InclusiveSum(mine, incl, aggregate);
-  sh.prefix[threadIdx.x + 1] = incl;
-  if (threadIdx.x == 0) {
-    sh.prefix[0] = 0;
-    sh.token = -1;
-  }
-  __syncthreads();
-  const double u = uniform01(row.seed, row.seq_index, row.position);
-  const unsigned long long target = static_cast<unsigned long long>(u * static_cast<double>(aggregate));
-  const unsigned long long lo = sh.prefix[threadIdx.x], hi = sh.prefix[threadIdx.x + 1];
-  if (hi > lo && target >= lo && target < hi) {
-    unsigned long long acc = lo;
-    int found = -1;
-    for_kept(d, cut, sh, c, [&](int64_t i, double w, uint32_t) {
-      if (found >= 0) return;
-      acc += __double2ull_rn(w * kFixedScale);
-      if (acc > target) found = static_cast<int>(i);
-    });
-    sh.token = found >= 0 ? found : static_cast<int>(last);
-  }
-  __syncthreads();
-  int token = sh.token;
-  __syncthreads();
-  if (token < 0) {  // every kept weight rounded to 0 in fixed point: the best token
-    token = greedy_token(sh, x, V);
-  }
-  return token;
+  const int token = vocab_draw(sh, d, V, cut, u);
+  return token >= 0 ? token : greedy_token(sh, x, V);
 }
 
 __global__ void __launch_bounds__(kThreads) sampler_kernel(SamplerArgs a) {
