@@ -374,33 +374,45 @@ int device_model_token(const float* x, int64_t V, const DeviceSampleRow& r) {
     return out;
   };
   if (r.top_p < 1.0f) {
-    std::map<uint32_t, uint64_t, std::greater<>> mass;  // key -> kept mass, keys descending
-    std::map<uint32_t, float> value;
+    // (key, mass) of the kept tokens, keys descending.
+    std::vector<std::pair<uint32_t, uint64_t>> km;
     uint64_t total = 0;
     for (int64_t i : kept()) {
-      mass[key(x[i])] += fixed(x[i]);
-      value[key(x[i])] = x[i];
+      km.emplace_back(key(x[i]), fixed(x[i]));
       total += fixed(x[i]);
     }
+    std::sort(km.begin(), km.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
     const double target = static_cast<double>(r.top_p) * static_cast<double>(total);
     uint64_t cum = 0, above = 0;
     uint32_t K = 0;
     bool found = false;
-    for (const auto& [k, w] : mass) {
+    for (size_t j = 0; j < km.size();) {
+      size_t e = j;
+      uint64_t w = 0;
+      for (; e < km.size() && km[e].first == km[j].first; ++e) w += km[e].second;
       if (w > 0 && static_cast<double>(cum + w) >= target) {
-        K = k;
+        K = km[j].first;
         above = cum;
         found = true;
         break;
       }
       cum += w;
+      j = e;
     }
     if (!found) {  // only by rounding: the smallest key with mass
-      for (const auto& [k, w] : mass)
-        if (w > 0) K = k;
-      above = total - mass[K];
+      uint64_t wK = 0;
+      for (size_t j = 0; j < km.size(); ++j)
+        if (km[j].second > 0) K = km[j].first;
+      for (const auto& [k, w] : km)
+        if (k == K) wK += w;
+      above = total - wK;
     }
-    const uint64_t wk = fixed(value[K]);
+    float kv = 0.0f;  // the logit of key K
+    {
+      const uint32_t u = (K & 0x80000000u) ? (K & 0x7fffffffu) : ~K;
+      std::memcpy(&kv, &u, 4);
+    }
+    const uint64_t wk = fixed(kv);
     int64_t keep = INT_MAX;
     if (wk > 0) {
       const double q = (target - static_cast<double>(above)) / static_cast<double>(wk);
@@ -428,8 +440,9 @@ int device_model_token(const float* x, int64_t V, const DeviceSampleRow& r) {
 }
 
 // Every truncation path of the device sampler (top-k below and above its
-// shared-memory list, top-p alone and after top-k, min-p, temperature only)
-// on flat, peaked and coarse logits (many equal values, so ties at the cuts),
+// shared-memory list, top-p alone and after top-k, min-p, temperature only;
+// top-p's cut inside and beyond its buckets) on flat, peaked, coarse (many
+// equal values, so ties at the cuts) and wide (+-40) logits,
 // with -inf and NaN entries, at vocabularies that do and do not fill 16-byte
 // groups: each row's token equals device_model_token's.
 TEST_F(SamplingTest, DrawsEqualTheDeviceSemanticsModel) {
@@ -437,20 +450,21 @@ TEST_F(SamplingTest, DrawsEqualTheDeviceSemanticsModel) {
     float t, top_p, min_p;
     int top_k;
   };
-  const std::vector<P> params = {{0.8f, 1.0f, 0.0f, 0},    {0.8f, 0.9f, 0.0f, 0},    {1.3f, 0.5f, 0.0f, 0},
-                                 {0.8f, 1.0f, 0.0f, 50},   {0.8f, 0.9f, 0.0f, 50},   {0.7f, 0.95f, 0.0f, 1},
-                                 {1.0f, 1.0f, 0.0f, 2000}, {1.0f, 0.6f, 0.0f, 2000}, {0.8f, 1.0f, 0.05f, 0},
-                                 {1.1f, 0.8f, 0.02f, 0},   {0.8f, 0.05f, 0.0f, 0},   {2.0f, 0.99f, 0.0f, 7}};
+  const std::vector<P> params = {
+      {0.8f, 1.0f, 0.0f, 0},    {0.8f, 0.9f, 0.0f, 0},    {1.3f, 0.5f, 0.0f, 0},    {0.8f, 1.0f, 0.0f, 50},
+      {0.8f, 0.9f, 0.0f, 50},   {0.7f, 0.95f, 0.0f, 1},   {1.0f, 1.0f, 0.0f, 2000}, {1.0f, 0.6f, 0.0f, 2000},
+      {0.8f, 1.0f, 0.05f, 0},   {1.1f, 0.8f, 0.02f, 0},   {0.8f, 0.05f, 0.0f, 0},   {2.0f, 0.99f, 0.0f, 7},
+      {1.0f, 1.0f, 0.0f, 3000}, {0.9f, 0.7f, 0.0f, 3000}, {4.0f, 0.97f, 0.0f, 0},   {3.0f, 0.999f, 0.0f, 0}};
   int checked = 0;
   for (int64_t vocab : {int64_t{128256}, int64_t{5003}}) {
-    for (int kind = 0; kind < 3; ++kind) {
+    for (int kind = 0; kind < 4; ++kind) {
       const int rows = 12;
       std::vector<float> logits(static_cast<size_t>(rows) * vocab);
       std::mt19937 rng(100 + kind + static_cast<uint32_t>(vocab));
-      std::uniform_real_distribution<float> uni(-4.0f, 4.0f);
+      std::uniform_real_distribution<float> uni(-4.0f, 4.0f), wide(-40.0f, 40.0f);
       std::normal_distribution<float> nrm(0.0f, 2.5f);
       for (size_t i = 0; i < logits.size(); ++i) {
-        float v = kind == 1 ? nrm(rng) : uni(rng);
+        float v = kind == 1 ? nrm(rng) : kind == 3 ? wide(rng) : uni(rng);
         if (kind == 2) v = std::round(v * 4.0f) / 4.0f;  // 33 distinct values: ties everywhere
         logits[i] = v;
       }
@@ -488,7 +502,7 @@ TEST_F(SamplingTest, DrawsEqualTheDeviceSemanticsModel) {
       }
     }
   }
-  EXPECT_EQ(checked, 2 * 3 * 12 * 12);
+  EXPECT_EQ(checked, 2 * 4 * 12 * 16);
 }
 
 TEST_F(SamplingTest, RowResultIndependentOfBatch) {

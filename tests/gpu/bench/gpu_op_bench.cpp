@@ -24,8 +24,10 @@
 // Llama-3's vocabulary (128,256) for 1 / 32 / 100 / 256 rows: greedy,
 // temperature only, top-p, top-k, top-k + top-p and min-p, over two kinds of
 // logits: "flat" (uniform in [-4, 4], as a dummy-weight model gives) and
-// "peaked" (normal, sd 2.5, with 20 tokens 6-12 higher: a trained model's
-// shape). Microseconds per call (10 calls back to back, median of 5).
+// "peaked" (normal, sd 2.5, with 20 tokens 6-12 higher) and "sharp" (normal,
+// sd 1.5, with 20 tokens 10-16 higher: a few tokens hold most of the mass,
+// as a trained model's rows mostly do). Microseconds per call (10 calls back
+// to back, median of 5).
 //
 // `gpu_op_bench gemm-small` runs the copy ceiling and the 16-bit GEMM sweep
 // at decode batch sizes: BF16 x [n, k] @ w [m, k]^T at Llama-3-8B's weight
@@ -408,7 +410,7 @@ void sampler_sweep(ops::Backend& be, double) {
   std::vector<float> host(cells);
   struct Kind {
     const char* name;
-    bool peaked;
+    float sd, boost;  // sd 0: uniform in [-4, 4]
   };
   struct Params {
     const char* name;
@@ -421,14 +423,14 @@ void sampler_sweep(ops::Backend& be, double) {
                            {"T=0.8 top_k=50", 0.8f, 1.0f, 0.0f, 50},
                            {"T=0.8 top_k=50 top_p=0.9", 0.8f, 0.9f, 0.0f, 50},
                            {"T=0.8 min_p=0.05", 0.8f, 1.0f, 0.05f, 0}};
-  for (const Kind kind : {Kind{"flat", false}, Kind{"peaked", true}}) {
+  for (const Kind kind : {Kind{"flat", 0.0f, 0.0f}, Kind{"peaked", 2.5f, 6.0f}, Kind{"sharp", 1.5f, 10.0f}}) {
     std::mt19937 rng(42);
     std::uniform_real_distribution<float> uni(-4.0f, 4.0f);
-    std::normal_distribution<float> nrm(0.0f, 2.5f);
-    for (size_t i = 0; i < cells; ++i) host[i] = kind.peaked ? nrm(rng) : uni(rng);
-    if (kind.peaked) {
+    std::normal_distribution<float> nrm(0.0f, kind.sd > 0.0f ? kind.sd : 1.0f);
+    for (size_t i = 0; i < cells; ++i) host[i] = kind.sd > 0.0f ? nrm(rng) : uni(rng);
+    if (kind.sd > 0.0f) {
       for (int r = 0; r < max_rows; ++r)
-        for (int j = 0; j < 20; ++j) host[static_cast<size_t>(r) * vocab + rng() % vocab] += 6.0f + 0.3f * j;
+        for (int j = 0; j < 20; ++j) host[static_cast<size_t>(r) * vocab + rng() % vocab] += kind.boost + 0.3f * j;
     }
     be.copy_to_device(logits.p, host.data(), cells * 4);
     for (const Params& p : params) {

@@ -96,7 +96,8 @@ using ScanU = cub::BlockScan<unsigned long long, kThreads>;
 
 // Truncation and draw work on a list in shared memory when the kept set is
 // small (top-k, min-p, a top-p cut): at most kListMax tokens.
-constexpr int kListMax = 1024;
+constexpr int kListMax = 2048;
+constexpr int kListPerThread = kListMax / 512;  // entries a thread scans
 constexpr int kWarps = kThreads / 32;
 // exp(s) * 2^40 < 0.5 for every s below this (exp(-28.5) * 2^40 = 0.46):
 // the fixed-point weight is 0 without computing exp.
@@ -129,6 +130,10 @@ struct Shared {
     unsigned long long whist[kWarps][256];  // per-warp histograms of a radix pass
     ListEntry list[kListMax];
     unsigned bucket_count[kBuckets];              // top-k's prefilter
+    struct {
+      unsigned long long mass[kBuckets];
+      unsigned count[kBuckets];
+    } bucket;  // top-p's prefilter
     unsigned long long tile_sum[kWarps][kTiles];  // vocab_draw: mass of each 128-id tile
   } big;
   unsigned long long hist[256];
@@ -396,15 +401,25 @@ __device__ __forceinline__ bool by_key_desc(const ListEntry& a, const ListEntry&
 __device__ __forceinline__ bool by_id(const ListEntry& a, const ListEntry& b) { return a.id < b.id; }
 
 // Inclusive sums of list[j].w over j < n (in place: w becomes the running
-// sum); returns the total. Two entries a thread.
+// sum); returns the total. kListPerThread consecutive entries a thread.
 __device__ unsigned long long scan_list(Shared& sh, int n) {
-  const int j0 = 2 * threadIdx.x;
-  const unsigned long long a = j0 < n ? sh.big.list[j0].w : 0, b = j0 + 1 < n ? sh.big.list[j0 + 1].w : 0;
+  static_assert(kListPerThread * kThreads == kListMax, "the list spreads over the block");
+  const int j0 = kListPerThread * threadIdx.x;
+  unsigned long long w[kListPerThread], part = 0;
+#pragma unroll
+  for (int e = 0; e < kListPerThread; ++e) {
+    w[e] = j0 + e < n ? sh.big.list[j0 + e].w : 0;
+    part += w[e];
+  }
   unsigned long long incl = 0, total = 0;
-  ScanU(sh.tmp.su).InclusiveSum(a + b, incl, total);
+  ScanU(sh.tmp.su).InclusiveSum(part, incl, total);
   __syncthreads();
-  if (j0 < n) sh.big.list[j0].w = incl - b;
-  if (j0 + 1 < n) sh.big.list[j0 + 1].w = incl;
+  unsigned long long run = incl - part;
+#pragma unroll
+  for (int e = 0; e < kListPerThread; ++e) {
+    run += w[e];
+    if (j0 + e < n) sh.big.list[j0 + e].w = run;
+  }
   __syncthreads();
   return total;
 }
@@ -425,12 +440,16 @@ __device__ long long top_p_keep(const Dist& d, uint32_t K, unsigned long long ab
 
 // List path: list[0, n) holds every kept token (id, key, fixed weight);
 // applies top-p (top_p < 1) and draws in id order. -1: every kept weight
-// is 0 (the caller takes the greedy token).
-__device__ int list_draw(Shared& sh, const Dist& d, int n, float top_p, double u) {
+// is 0 (the caller takes the greedy token). top_p_total > 0: the kept mass
+// of the whole row, when the list holds only its best tokens (the top-p
+// prefilter); the cut then still falls inside the list.
+__device__ int list_draw(Shared& sh, const Dist& d, int n, float top_p, double u,
+                         unsigned long long top_p_total = 0) {
   if (top_p < 1.0f && n > 0) {
     sort_list(sh, n, by_key_desc);
     // Keys descending, ties in id order; w -> running mass.
-    const unsigned long long total = scan_list(sh, n);
+    const unsigned long long list_total = scan_list(sh, n);
+    const unsigned long long total = top_p_total > 0 ? top_p_total : list_total;
     const double target = static_cast<double>(top_p) * static_cast<double>(total);
     if (threadIdx.x == 0) {
       // The first entry whose running mass reaches target: its key is K.
@@ -629,6 +648,74 @@ __device__ int top_k_list(Shared& sh, const Dist& d, int64_t V, int top_k) {
   return min(n, top_k);
 }
 
+// Top-p without a top-k cut: the kept mass per bucket of (max - x) (as
+// top_k_list's buckets) and in all gives the bucket where the mass from
+// the top reaches top_p * total; every token of that bucket and the better
+// ones goes to the list (the cut lies among them: the better buckets' keys
+// all stay, the worse ones' all go), with the row's total for list_draw.
+// Returns the list's length, or -1 when it would exceed kListMax or the
+// cut lies past the buckets (the caller takes the radix path).
+__device__ int top_p_list(Shared& sh, const Dist& d, int64_t V, float top_p, unsigned long long& total,
+                          int& cut_bucket, unsigned long long& above) {
+  for (int b = threadIdx.x; b < kBuckets; b += kThreads) {
+    sh.big.bucket.mass[b] = 0;
+    sh.big.bucket.count[b] = 0;
+  }
+  __syncthreads();
+  const float m = d.m;
+  auto bucket = [m](float l) {
+    const float t = (m - l) * kBucketScale;  // NaN and -inf: the last bucket
+    return t < static_cast<float>(kBuckets - 1) ? static_cast<int>(t) : kBuckets - 1;
+  };
+  unsigned long long mine = 0;
+  for_each_uniform(d.x, V, [&](float l, int64_t, bool valid) {
+    if (!valid || !d.positive(l)) return;
+    const unsigned long long w = d.fixed(l);
+    mine += w;
+    const int b = bucket(l);
+    if (b < kBuckets - 1) {
+      atomicAdd(&sh.big.bucket.count[b], 1u);
+      if (w) atomicAdd(&sh.big.bucket.mass[b], w);
+    }
+  });
+  total = block_sum<unsigned long long, ReduceU>(sh.tmp.u, &sh.u, mine);
+  if (threadIdx.x == 0) {
+    const double target = static_cast<double>(top_p) * static_cast<double>(total);
+    unsigned long long cum = 0, before = 0;
+    int count = 0, last = kBuckets - 1;  // the last bucket: everything further down
+    for (int b = 0; b < kBuckets - 1; ++b) {
+      before = cum;
+      cum += sh.big.bucket.mass[b];
+      count += static_cast<int>(sh.big.bucket.count[b]);
+      if (static_cast<double>(cum) >= target) {
+        last = b;
+        break;
+      }
+    }
+    if (last == kBuckets - 1) before = cum;
+    sh.key = static_cast<uint32_t>(last);
+    sh.i = (last == kBuckets - 1 || count > kListMax) ? -1 : last;
+    sh.ll = static_cast<long long>(before);
+  }
+  __syncthreads();
+  const int last = sh.i;
+  cut_bucket = static_cast<int>(sh.key);
+  above = static_cast<unsigned long long>(sh.ll);
+  __syncthreads();
+  if (last < 0) return -1;
+  if (threadIdx.x == 0) sh.i = 0;
+  __syncthreads();
+  for_each_uniform(d.x, V, [&](float l, int64_t id, bool valid) {
+    if (!valid || bucket(l) > last || !d.positive(l)) return;
+    const int slot = atomicAdd(&sh.i, 1);
+    if (slot < kListMax) sh.big.list[slot] = ListEntry{d.fixed(l), order_key(l), static_cast<int>(id)};
+  });
+  __syncthreads();
+  const int n = sh.i;
+  __syncthreads();
+  return n;
+}
+
 // Appends every kept token (id, key, fixed weight) to the list; false when
 // more than kListMax are kept (the list is then not usable). count is the
 // number kept (from an earlier pass).
@@ -720,17 +807,35 @@ __device__ int sample_row(Shared& sh, const float* x, int64_t V, const DeviceSam
     }
   }
 
+  // The top-p cut's bucket (-1: not known) and the kept mass above it.
+  int cut_bucket = -1;
+  unsigned long long bucket_above = 0, bucket_total = 0;
+  if (row.top_p < 1.0f && cut.key == 0) {
+    const int n = top_p_list(sh, d, V, row.top_p, bucket_total, cut_bucket, bucket_above);
+    if (n >= 0) {
+      const int token = list_draw(sh, d, n, row.top_p, u, bucket_total);
+      return token >= 0 ? token : greedy_token(sh, x, V);
+    }
+  }
   if (row.top_p < 1.0f) {
-    // Radix select on the kept mass, 8 bits of the key at a time; the first
-    // pass also gives the total.
+    // Radix select on the kept mass, 8 bits of the key at a time (the first
+    // pass also gives the total); after top_p_list, over the tokens of the
+    // cut's bucket only, the mass of the better buckets counted as above.
     uint32_t prefix = 0, mask = 0;
-    unsigned long long above = 0;
+    unsigned long long above = cut_bucket >= 0 ? bucket_above : 0;
     double target = 0.0;
+    const float m = d.m;
+    auto in_cut_bucket = [&](float l) {
+      if (cut_bucket < 0) return true;
+      const float t = (m - l) * kBucketScale;
+      const int b = t < static_cast<float>(kBuckets - 1) ? static_cast<int>(t) : kBuckets - 1;
+      return b == cut_bucket;
+    };
     for (int shift = 24; shift >= 0; shift -= 8) {
       clear_whist(sh);
       for_each_uniform(x, V, [&](float l, int64_t id, bool valid) {
         const uint32_t k = order_key(l);
-        if (!valid || (k & mask) != prefix || !cut.keeps(k, id)) return;
+        if (!valid || (k & mask) != prefix || !cut.keeps(k, id) || !in_cut_bucket(l)) return;
         const unsigned long long w = d.fixed(l);
         if (w) atomicAdd(&sh.big.whist[threadIdx.x >> 5][(k >> shift) & 255u], w);
       });
@@ -739,6 +844,7 @@ __device__ int sample_row(Shared& sh, const float* x, int64_t V, const DeviceSam
         if (shift == 24) {
           unsigned long long total = 0;
           for (int b = 0; b < 256; ++b) total += sh.hist[b];
+          if (cut_bucket >= 0) total = bucket_total;
           sh.d = static_cast<double>(row.top_p) * static_cast<double>(total);
         }
         const double t = sh.d;
