@@ -132,7 +132,6 @@ struct Shared {
     unsigned bucket_count[kBuckets];              // top-k's prefilter
     struct {
       unsigned long long mass[kBuckets];
-      unsigned count[kBuckets];
     } bucket;  // top-p's prefilter
     unsigned long long tile_sum[kWarps][kTiles];  // vocab_draw: mass of each 128-id tile
   } big;
@@ -649,18 +648,20 @@ __device__ int top_k_list(Shared& sh, const Dist& d, int64_t V, int top_k) {
 }
 
 // Top-p without a top-k cut: the kept mass per bucket of (max - x) (as
-// top_k_list's buckets) and in all gives the bucket where the mass from
-// the top reaches top_p * total; every token of that bucket and the better
-// ones goes to the list (the cut lies among them: the better buckets' keys
-// all stay, the worse ones' all go), with the row's total for list_draw.
-// Returns the list's length, or -1 when it would exceed kListMax or the
-// cut lies past the buckets (the caller takes the radix path).
-__device__ int top_p_list(Shared& sh, const Dist& d, int64_t V, float top_p, unsigned long long& total,
-                          int& cut_bucket, unsigned long long& above) {
-  for (int b = threadIdx.x; b < kBuckets; b += kThreads) {
-    sh.big.bucket.mass[b] = 0;
-    sh.big.bucket.count[b] = 0;
-  }
+// top_k_list's buckets, up to the bucket `far` where the weights fall below
+// e^-16; the tokens further down are only summed) and in all gives the
+// bucket where the mass from the top reaches top_p * total; every token of
+// that bucket and the better ones goes to the list (the cut lies among
+// them: the better buckets' keys all stay, the worse ones' all go), with
+// the row's total for list_draw. Returns the list's length, or -1 when it
+// would exceed kListMax or the cut lies at or past `far`; cut_lo..cut_hi
+// (buckets) and above (the mass of the better buckets) then tell the radix
+// where the cut lies.
+__device__ int top_p_list(Shared& sh, const Dist& d, int64_t V, float top_p, unsigned long long& total, int& cut_lo,
+                          int& cut_hi, unsigned long long& above) {
+  const double t_max = 16.0 / d.inv_t * static_cast<double>(kBucketScale);
+  const int far = t_max >= kBuckets - 1 ? kBuckets - 1 : max(1, static_cast<int>(t_max));
+  for (int b = threadIdx.x; b < kBuckets; b += kThreads) sh.big.bucket.mass[b] = 0;
   __syncthreads();
   const float m = d.m;
   auto bucket = [m](float l) {
@@ -673,36 +674,32 @@ __device__ int top_p_list(Shared& sh, const Dist& d, int64_t V, float top_p, uns
     const unsigned long long w = d.fixed(l);
     mine += w;
     const int b = bucket(l);
-    if (b < kBuckets - 1) {
-      atomicAdd(&sh.big.bucket.count[b], 1u);
-      if (w) atomicAdd(&sh.big.bucket.mass[b], w);
-    }
+    if (b < far && w) atomicAdd(&sh.big.bucket.mass[b], w);
   });
   total = block_sum<unsigned long long, ReduceU>(sh.tmp.u, &sh.u, mine);
   if (threadIdx.x == 0) {
     const double target = static_cast<double>(top_p) * static_cast<double>(total);
     unsigned long long cum = 0, before = 0;
-    int count = 0, last = kBuckets - 1;  // the last bucket: everything further down
-    for (int b = 0; b < kBuckets - 1; ++b) {
+    int last = far;  // `far`: the cut lies among the tokens further down
+    for (int b = 0; b < far; ++b) {
       before = cum;
       cum += sh.big.bucket.mass[b];
-      count += static_cast<int>(sh.big.bucket.count[b]);
       if (static_cast<double>(cum) >= target) {
         last = b;
         break;
       }
     }
-    if (last == kBuckets - 1) before = cum;
-    sh.key = static_cast<uint32_t>(last);
-    sh.i = (last == kBuckets - 1 || count > kListMax) ? -1 : last;
+    if (last == far) before = cum;
+    sh.i = last;
     sh.ll = static_cast<long long>(before);
   }
   __syncthreads();
   const int last = sh.i;
-  cut_bucket = static_cast<int>(sh.key);
+  cut_lo = last;
+  cut_hi = last == far ? INT_MAX : last;
   above = static_cast<unsigned long long>(sh.ll);
   __syncthreads();
-  if (last < 0) return -1;
+  if (last == far) return -1;
   if (threadIdx.x == 0) sh.i = 0;
   __syncthreads();
   for_each_uniform(d.x, V, [&](float l, int64_t id, bool valid) {
@@ -713,7 +710,7 @@ __device__ int top_p_list(Shared& sh, const Dist& d, int64_t V, float top_p, uns
   __syncthreads();
   const int n = sh.i;
   __syncthreads();
-  return n;
+  return n <= kListMax ? n : -1;
 }
 
 // Appends every kept token (id, key, fixed weight) to the list; false when
@@ -807,11 +804,11 @@ __device__ int sample_row(Shared& sh, const float* x, int64_t V, const DeviceSam
     }
   }
 
-  // The top-p cut's bucket (-1: not known) and the kept mass above it.
-  int cut_bucket = -1;
+  // The top-p cut's buckets (cut_lo < 0: not known) and the kept mass above them.
+  int cut_lo = -1, cut_hi = -1;
   unsigned long long bucket_above = 0, bucket_total = 0;
   if (row.top_p < 1.0f && cut.key == 0) {
-    const int n = top_p_list(sh, d, V, row.top_p, bucket_total, cut_bucket, bucket_above);
+    const int n = top_p_list(sh, d, V, row.top_p, bucket_total, cut_lo, cut_hi, bucket_above);
     if (n >= 0) {
       const int token = list_draw(sh, d, n, row.top_p, u, bucket_total);
       return token >= 0 ? token : greedy_token(sh, x, V);
@@ -822,14 +819,14 @@ __device__ int sample_row(Shared& sh, const float* x, int64_t V, const DeviceSam
     // pass also gives the total); after top_p_list, over the tokens of the
     // cut's bucket only, the mass of the better buckets counted as above.
     uint32_t prefix = 0, mask = 0;
-    unsigned long long above = cut_bucket >= 0 ? bucket_above : 0;
+    unsigned long long above = cut_lo >= 0 ? bucket_above : 0;
     double target = 0.0;
     const float m = d.m;
     auto in_cut_bucket = [&](float l) {
-      if (cut_bucket < 0) return true;
+      if (cut_lo < 0) return true;
       const float t = (m - l) * kBucketScale;
       const int b = t < static_cast<float>(kBuckets - 1) ? static_cast<int>(t) : kBuckets - 1;
-      return b == cut_bucket;
+      return b >= cut_lo && b <= cut_hi;
     };
     for (int shift = 24; shift >= 0; shift -= 8) {
       clear_whist(sh);
@@ -844,7 +841,7 @@ __device__ int sample_row(Shared& sh, const float* x, int64_t V, const DeviceSam
         if (shift == 24) {
           unsigned long long total = 0;
           for (int b = 0; b < 256; ++b) total += sh.hist[b];
-          if (cut_bucket >= 0) total = bucket_total;
+          if (cut_lo >= 0) total = bucket_total;
           sh.d = static_cast<double>(row.top_p) * static_cast<double>(total);
         }
         const double t = sh.d;
