@@ -597,6 +597,32 @@ __device__ int vocab_draw(Shared& sh, const Dist& d, int64_t V, const Cut& cut, 
   return token;
 }
 
+// The bucket of a logit l in a row whose maximum is m: floor((m - l) *
+// kBucketScale), monotone in l; NaN, -inf and everything further down than
+// the buckets reach go to the last one.
+__device__ __forceinline__ int bucket_of(float m, float l) {
+  const float t = (m - l) * kBucketScale;
+  return t < static_cast<float>(kBuckets - 1) ? static_cast<int>(t) : kBuckets - 1;
+}
+
+// Appends the positive tokens of buckets 0..last to the list (id, key,
+// fixed weight); returns how many there are (more than kListMax: the list
+// holds only the first kListMax and is not usable).
+__device__ int list_best_buckets(Shared& sh, const Dist& d, int64_t V, int last) {
+  if (threadIdx.x == 0) sh.i = 0;
+  __syncthreads();
+  const float m = d.m;
+  for_each_uniform(d.x, V, [&](float l, int64_t id, bool valid) {
+    if (!valid || bucket_of(m, l) > last || !d.positive(l)) return;
+    const int slot = atomicAdd(&sh.i, 1);
+    if (slot < kListMax) sh.big.list[slot] = ListEntry{d.fixed(l), order_key(l), static_cast<int>(id)};
+  });
+  __syncthreads();
+  const int n = sh.i;
+  __syncthreads();
+  return n;
+}
+
 // Top-k with top_k <= kListMax: the tokens of the best buckets (floor((max
 // - x) * kBucketScale), monotone in x) up to the first bucket where the
 // count from the top reaches top_k hold every token of the top_k largest
@@ -609,12 +635,8 @@ __device__ int top_k_list(Shared& sh, const Dist& d, int64_t V, int top_k) {
   for (int b = threadIdx.x; b < kBuckets; b += kThreads) sh.big.bucket_count[b] = 0;
   __syncthreads();
   const float m = d.m;
-  auto bucket = [m](float l) {
-    const float t = (m - l) * kBucketScale;  // NaN and -inf: the last bucket
-    return t < static_cast<float>(kBuckets - 1) ? static_cast<int>(t) : kBuckets - 1;
-  };
   for_each_uniform(d.x, V, [&](float l, int64_t, bool valid) {
-    const int b = bucket(l);
+    const int b = bucket_of(m, l);
     if (valid && b < kBuckets - 1) atomicAdd(&sh.big.bucket_count[b], 1u);
   });
   __syncthreads();
@@ -633,16 +655,7 @@ __device__ int top_k_list(Shared& sh, const Dist& d, int64_t V, int top_k) {
   const int last = sh.i;
   __syncthreads();
   if (last < 0) return -1;
-  if (threadIdx.x == 0) sh.i = 0;
-  __syncthreads();
-  for_each_uniform(d.x, V, [&](float l, int64_t id, bool valid) {
-    if (!valid || bucket(l) > last || !d.positive(l)) return;
-    const int slot = atomicAdd(&sh.i, 1);
-    if (slot < kListMax) sh.big.list[slot] = ListEntry{d.fixed(l), order_key(l), static_cast<int>(id)};
-  });
-  __syncthreads();
-  const int n = sh.i;
-  __syncthreads();
+  const int n = min(list_best_buckets(sh, d, V, last), kListMax);  // <= kListMax: counted above
   sort_list(sh, n, by_key_desc);
   return min(n, top_k);
 }
@@ -664,16 +677,12 @@ __device__ int top_p_list(Shared& sh, const Dist& d, int64_t V, float top_p, uns
   for (int b = threadIdx.x; b < kBuckets; b += kThreads) sh.big.bucket.mass[b] = 0;
   __syncthreads();
   const float m = d.m;
-  auto bucket = [m](float l) {
-    const float t = (m - l) * kBucketScale;  // NaN and -inf: the last bucket
-    return t < static_cast<float>(kBuckets - 1) ? static_cast<int>(t) : kBuckets - 1;
-  };
   unsigned long long mine = 0;
   for_each_uniform(d.x, V, [&](float l, int64_t, bool valid) {
     if (!valid || !d.positive(l)) return;
     const unsigned long long w = d.fixed(l);
     mine += w;
-    const int b = bucket(l);
+    const int b = bucket_of(m, l);
     if (b < far && w) atomicAdd(&sh.big.bucket.mass[b], w);
   });
   total = block_sum<unsigned long long, ReduceU>(sh.tmp.u, &sh.u, mine);
@@ -700,16 +709,7 @@ __device__ int top_p_list(Shared& sh, const Dist& d, int64_t V, float top_p, uns
   above = static_cast<unsigned long long>(sh.ll);
   __syncthreads();
   if (last == far) return -1;
-  if (threadIdx.x == 0) sh.i = 0;
-  __syncthreads();
-  for_each_uniform(d.x, V, [&](float l, int64_t id, bool valid) {
-    if (!valid || bucket(l) > last || !d.positive(l)) return;
-    const int slot = atomicAdd(&sh.i, 1);
-    if (slot < kListMax) sh.big.list[slot] = ListEntry{d.fixed(l), order_key(l), static_cast<int>(id)};
-  });
-  __syncthreads();
-  const int n = sh.i;
-  __syncthreads();
+  const int n = list_best_buckets(sh, d, V, last);
   return n <= kListMax ? n : -1;
 }
 
@@ -824,8 +824,7 @@ __device__ int sample_row(Shared& sh, const float* x, int64_t V, const DeviceSam
     const float m = d.m;
     auto in_cut_bucket = [&](float l) {
       if (cut_lo < 0) return true;
-      const float t = (m - l) * kBucketScale;
-      const int b = t < static_cast<float>(kBuckets - 1) ? static_cast<int>(t) : kBuckets - 1;
+      const int b = bucket_of(m, l);
       return b >= cut_lo && b <= cut_hi;
     };
     for (int shift = 24; shift >= 0; shift -= 8) {
