@@ -251,6 +251,50 @@ TEST_F(SamplingTest, LogprobsMatchHost) {
   }
 }
 
+// Top logprobs at the edges of the device's bucket list: +0 and -0 tied at
+// the top (equal values: id order), more tied maxima than entries, fewer
+// finite logits than entries (the rest -inf: the arg-max passes), and a
+// row whose values span more than the buckets do.
+TEST_F(SamplingTest, TopLogprobsEdgesMatchHost) {
+  const int64_t vocab = 1000;
+  const int rows = 4;
+  std::vector<float> logits = random_floats(static_cast<size_t>(rows) * vocab, 41, -8.0f, -1.0f);
+  auto row = [&](int r) { return logits.data() + static_cast<size_t>(r) * vocab; };
+  row(0)[10] = 0.0f;
+  row(0)[3] = -0.0f;
+  row(0)[500] = 0.0f;
+  row(0)[7] = -0.5f;
+  for (int64_t i = 0; i < vocab; i += 40) row(1)[i] = 2.0f;  // 25 tied maxima
+  for (int64_t i = 0; i < vocab; ++i) row(2)[i] = i % 97 == 0 ? -1.0f - 0.01f * static_cast<float>(i) : -INFINITY;
+  for (int64_t i = 0; i < vocab; ++i) row(3)[i] = -100.0f + 0.2f * static_cast<float>(i);  // 200 logits wide
+  std::vector<HostRow> hr(rows);
+  for (int r = 0; r < rows; ++r) {
+    hr[r].logit_row = r;
+    hr[r].p.temperature = 0.0f;
+    hr[r].p.logprobs = 20;
+  }
+  DeviceOut d = run(logits, vocab, hr);
+  for (int r = 0; r < rows; ++r) {
+    const DeviceSampleResult& g = d.results[r];
+    std::span<const float> raw(row(r), vocab);
+    LogprobData ref = compute_logprobs(raw, g.token, 20);
+    EXPECT_EQ(g.rank, ref.rank) << "row " << r;
+    EXPECT_NEAR(g.logprob, ref.logprob, 1e-5) << "row " << r;
+    ASSERT_EQ(ref.top.size(), 20u);
+    for (size_t j = 0; j < ref.top.size(); ++j) {
+      EXPECT_EQ(g.top_ids[j], ref.top[j].first) << "row " << r << " entry " << j;
+      if (std::isfinite(ref.top[j].second)) {
+        EXPECT_NEAR(g.top_logprobs[j], ref.top[j].second, 1e-5) << "row " << r << " entry " << j;
+      } else {
+        EXPECT_EQ(g.top_logprobs[j], ref.top[j].second) << "row " << r << " entry " << j;
+      }
+    }
+  }
+  EXPECT_EQ(d.results[0].top_ids[0], 3);  // -0 and +0 tie: the lower id first
+  EXPECT_EQ(d.results[0].top_ids[1], 10);
+  EXPECT_EQ(d.results[0].top_ids[2], 500);
+}
+
 TEST_F(SamplingTest, UntruncatedDrawsEqualHostDraws) {
   // Without top-k / top-p both samplers walk the tokens in id order.
   const int64_t vocab = 2048;

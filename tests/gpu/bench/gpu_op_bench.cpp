@@ -26,8 +26,8 @@
 // logits: "flat" (uniform in [-4, 4], as a dummy-weight model gives) and
 // "peaked" (normal, sd 2.5, with 20 tokens 6-12 higher) and "sharp" (normal,
 // sd 1.5, with 20 tokens 10-16 higher: a few tokens hold most of the mass,
-// as a trained model's rows mostly do). Microseconds per call (10 calls back
-// to back, median of 5).
+// as a trained model's rows mostly do); also greedy with 5 and 20 top
+// logprobs. Microseconds per call (10 calls back to back, median of 5).
 //
 // `gpu_op_bench gemm-small` runs the copy ceiling and the 16-bit GEMM sweep
 // at decode batch sizes: BF16 x [n, k] @ w [m, k]^T at Llama-3-8B's weight
@@ -416,13 +416,16 @@ void sampler_sweep(ops::Backend& be, double) {
     const char* name;
     float temperature, top_p, min_p;
     int top_k;
+    int logprobs = -1;
   };
   const Params params[] = {{"greedy", 0.0f, 1.0f, 0.0f, 0},
                            {"T=0.8", 0.8f, 1.0f, 0.0f, 0},
                            {"T=0.8 top_p=0.9", 0.8f, 0.9f, 0.0f, 0},
                            {"T=0.8 top_k=50", 0.8f, 1.0f, 0.0f, 50},
                            {"T=0.8 top_k=50 top_p=0.9", 0.8f, 0.9f, 0.0f, 50},
-                           {"T=0.8 min_p=0.05", 0.8f, 1.0f, 0.05f, 0}};
+                           {"T=0.8 min_p=0.05", 0.8f, 1.0f, 0.05f, 0},
+                           {"greedy logprobs=5", 0.0f, 1.0f, 0.0f, 0, 5},
+                           {"greedy logprobs=20", 0.0f, 1.0f, 0.0f, 0, 20}};
   for (const Kind kind : {Kind{"flat", 0.0f, 0.0f}, Kind{"peaked", 2.5f, 6.0f}, Kind{"sharp", 1.5f, 10.0f}}) {
     std::mt19937 rng(42);
     std::uniform_real_distribution<float> uni(-4.0f, 4.0f);
@@ -443,6 +446,7 @@ void sampler_sweep(ops::Backend& be, double) {
           d.top_p = p.top_p;
           d.top_k = p.top_k;
           d.min_p = p.min_p;
+          d.num_logprobs = p.logprobs;
           d.seed = 1000 + static_cast<uint64_t>(r);
           d.seq_index = r;
           d.position = 17;

@@ -24,8 +24,10 @@
 //      top-k, min-p or the top-p cut), else over the row: each warp sums its
 //      part of the ids in 128-id tiles and only the tile that holds u * total
 //      is walked in order.
-// 4. Logprobs of the raw row: log_softmax in double, rank, and the top
-//    entries by repeated arg-max below the previous one.
+// 4. Logprobs of the raw row: log_softmax (float exps summed in double) and
+//    the rank in one pass; the top entries from a sorted list of the best
+//    buckets' tokens (one arg-max pass each where that list cannot hold
+//    them).
 // Reductions and scans are CUB's, deterministic for a fixed block size, and
 // the integer masses make every sum exact, so a row's result depends on its
 // logits and parameters alone, never on the other rows.
@@ -886,6 +888,50 @@ __device__ int sample_row(Shared& sh, const float* x, int64_t V, const DeviceSam
   return token >= 0 ? token : greedy_token(sh, x, V);
 }
 
+// Top logprobs: the tokens of the best buckets of (max - x), up to the
+// first bucket where n tokens are reached, sorted by value (descending,
+// -0 equal to +0) and id: list[0, n) are the n best by (value desc, id
+// asc), as n arg-max passes would give. Returns the list's length, or -1
+// (no finite maximum, fewer than n tokens within the buckets, or more than
+// kListMax in them): the caller takes the arg-max passes.
+__device__ int top_logprob_list(Shared& sh, const float* x, int64_t V, float m, int n) {
+  if (!isfinite(m)) return -1;
+  for (int b = threadIdx.x; b < kBuckets; b += kThreads) sh.big.bucket_count[b] = 0;
+  __syncthreads();
+  for_each_uniform(x, V, [&](float l, int64_t, bool valid) {
+    const int b = bucket_of(m, l);
+    if (valid && b < kBuckets - 1) atomicAdd(&sh.big.bucket_count[b], 1u);
+  });
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int cum = 0, last = -1;
+    for (int b = 0; b < kBuckets - 1; ++b) {
+      cum += static_cast<int>(sh.big.bucket_count[b]);
+      if (cum >= n) {
+        last = b;
+        break;
+      }
+    }
+    sh.i = (last < 0 || cum > kListMax) ? -1 : last;
+  }
+  __syncthreads();
+  const int last = sh.i;
+  __syncthreads();
+  if (last < 0) return -1;
+  if (threadIdx.x == 0) sh.i = 0;
+  __syncthreads();
+  for_each_uniform(x, V, [&](float l, int64_t id, bool valid) {
+    if (!valid || bucket_of(m, l) > last) return;
+    const int slot = atomicAdd(&sh.i, 1);
+    if (slot < kListMax) sh.big.list[slot] = ListEntry{0, order_key(l == 0.0f ? 0.0f : l), static_cast<int>(id)};
+  });
+  __syncthreads();
+  const int len = min(sh.i, kListMax);
+  __syncthreads();
+  sort_list(sh, len, by_key_desc);
+  return len;
+}
+
 __global__ void __launch_bounds__(kThreads) sampler_kernel(SamplerArgs a) {
   __shared__ Shared sh;
   const DeviceSampleRow row = a.rows[blockIdx.x];
@@ -936,26 +982,35 @@ __global__ void __launch_bounds__(kThreads) sampler_kernel(SamplerArgs a) {
   if (threadIdx.x == 0) a.tokens[blockIdx.x] = token;
   if (row.num_logprobs < 0) return;
 
-  // Logprobs of the raw row.
+  // Logprobs of the raw row: the log-sum-exp (float exps, double sums) and
+  // the rank in one pass.
   const float m = block_max(sh, raw, V);
-  double lse = m;
-  if (isfinite(m)) {
-    double part = 0.0;
-    for (int64_t i = threadIdx.x; i < V; i += kThreads) part += exp(static_cast<double>(raw[i]) - m);
-    const double sum = block_sum<double, ReduceD>(sh.tmp.d, &sh.d, part);
-    lse = static_cast<double>(m) + log(sum);
-  }
   const float lt = raw[token];
+  const bool finite_max = isfinite(m);
+  double part = 0.0;
   int higher = 0;
-  for (int64_t i = threadIdx.x; i < V; i += kThreads) higher += raw[i] > lt;
+  for_each_uniform(raw, V, [&](float v, int64_t, bool valid) {
+    if (!valid) return;
+    if (finite_max) part += static_cast<double>(expf(v - m));
+    higher += v > lt;
+  });
+  double lse = m;
+  if (finite_max) lse = static_cast<double>(m) + log(block_sum<double, ReduceD>(sh.tmp.d, &sh.d, part));
   const int rank = 1 + block_sum<int, ReduceI>(sh.tmp.i, &sh.i, higher);
   float* top_lp = a.top_logprobs + static_cast<int64_t>(blockIdx.x) * kMaxDeviceTopLogprobs;
   int32_t* top_id = a.top_ids + static_cast<int64_t>(blockIdx.x) * kMaxDeviceTopLogprobs;
+  const int n = static_cast<int>(min(static_cast<int64_t>(min(row.num_logprobs, kMaxDeviceTopLogprobs)), V));
+  // The top n by (value desc, id asc): from the list of the best buckets,
+  // else one arg-max pass per entry.
+  const int listed = n > 0 ? top_logprob_list(sh, raw, V, m, n) : 0;
   Best prev{0.0f, -1};
-  const int n = min(row.num_logprobs, kMaxDeviceTopLogprobs);
   for (int j = 0; j < kMaxDeviceTopLogprobs; ++j) {
-    if (j < n && j < V) {
-      prev = block_best(sh, raw, V, prev.v, prev.i);
+    if (j < n) {
+      if (listed >= n) {
+        prev = Best{raw[sh.big.list[j].id], sh.big.list[j].id};
+      } else {
+        prev = block_best(sh, raw, V, prev.v, prev.i);
+      }
       if (threadIdx.x == 0) {
         top_id[j] = prev.i;
         top_lp[j] = static_cast<float>(static_cast<double>(prev.v) - lse);
