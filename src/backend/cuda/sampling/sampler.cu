@@ -503,28 +503,55 @@ __device__ int vocab_draw(Shared& sh, const Dist& d, int64_t V, const Cut& cut, 
   const int64_t seg = ((V + kWarps - 1) / kWarps + 127) / 128 * 128;
   const int64_t lo = min(V, warp * seg), hi = min(V, lo + seg);
   const bool tiles_fit = seg / 128 <= kTiles;
-  auto w4 = [&](int64_t i, unsigned long long (&w)[4]) {
-    float l[4];
+  // i is a multiple of 4 (lo and the tiles are): one 16-byte load where the row allows.
+  const bool vec = (reinterpret_cast<uintptr_t>(d.x) & 15u) == 0;
+  auto load4 = [&](int64_t i, float (&l)[4]) {
+    if (vec && i + 4 <= hi) {
+      const float4 q = *reinterpret_cast<const float4*>(d.x + i);
+      l[0] = q.x;
+      l[1] = q.y;
+      l[2] = q.z;
+      l[3] = q.w;
+    } else {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) l[e] = i + e < hi ? d.x[i + e] : -INFINITY;
+      for (int e = 0; e < 4; ++e) l[e] = i + e < hi ? d.x[i + e] : -INFINITY;
+    }
+  };
+  auto weigh4 = [&](int64_t i, const float (&l)[4], unsigned long long (&w)[4]) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) w[e] = (i + e < hi && cut.keeps(order_key(l[e]), i + e)) ? d.fixed(l[e]) : 0;
+  };
+  auto w4 = [&](int64_t i, unsigned long long (&w)[4]) {
+    float l[4];
+    load4(i, l);
+    weigh4(i, l, w);
   };
   auto warp_total = [&](unsigned long long v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
   };
+  // Four tiles' loads in flight, then their weights.
+  constexpr int kAhead = 4;
   unsigned long long mine = 0;
   int t = 0;
-  for (int64_t i0 = lo; i0 < hi; i0 += 128, ++t) {
-    unsigned long long w[4];
-    w4(i0 + 4 * lane, w);
-    const unsigned long long part = w[0] + w[1] + w[2] + w[3];
-    if (tiles_fit) {
-      const unsigned long long tile = warp_total(part);
-      if (lane == 0) sh.big.tile_sum[warp][t] = tile;
+  for (int64_t g0 = lo; g0 < hi; g0 += 128 * kAhead) {
+    float l[kAhead][4];
+#pragma unroll
+    for (int a = 0; a < kAhead; ++a) load4(g0 + 128 * a + 4 * lane, l[a]);
+#pragma unroll
+    for (int a = 0; a < kAhead; ++a) {
+      const int64_t i0 = g0 + 128 * a;
+      if (i0 >= hi) break;  // warp-uniform
+      unsigned long long w[4];
+      weigh4(i0 + 4 * lane, l[a], w);
+      const unsigned long long part = w[0] + w[1] + w[2] + w[3];
+      if (tiles_fit) {
+        const unsigned long long tile = warp_total(part);
+        if (lane == 0) sh.big.tile_sum[warp][t] = tile;
+      }
+      ++t;
+      mine += part;
     }
-    mine += part;
   }
   mine = warp_total(mine);
   if (lane == 0) sh.warp_sum[warp] = mine;
