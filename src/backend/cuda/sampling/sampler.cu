@@ -634,22 +634,66 @@ __device__ __forceinline__ int bucket_of(float m, float l) {
   return t < static_cast<float>(kBuckets - 1) ? static_cast<int>(t) : kBuckets - 1;
 }
 
-// Appends the positive tokens of buckets 0..last to the list (id, key,
-// fixed weight); returns how many there are (more than kListMax: the list
-// holds only the first kListMax and is not usable).
-__device__ int list_best_buckets(Shared& sh, const Dist& d, int64_t V, int last) {
+// Puts every token of the row with want(l, id, valid) on the list, as
+// entry(l, id) makes it (entry runs only for the first kListMax, in no
+// particular order: the callers sort). Returns how many wanted tokens
+// there are (more than kListMax: the list is not usable). One shared
+// atomic per wanted token: lists are short where they are used (a
+// warp-combined append, a ballot per step, was 10-20 us slower at 100 rows).
+template <class Want, class Entry>
+__device__ int collect_list(Shared& sh, const float* x, int64_t V, Want want, Entry entry) {
   if (threadIdx.x == 0) sh.i = 0;
   __syncthreads();
-  const float m = d.m;
-  for_each_uniform(d.x, V, [&](float l, int64_t id, bool valid) {
-    if (!valid || bucket_of(m, l) > last || !d.positive(l)) return;
+  for_each_uniform(x, V, [&](float l, int64_t id, bool valid) {
+    if (!want(l, id, valid)) return;
     const int slot = atomicAdd(&sh.i, 1);
-    if (slot < kListMax) sh.big.list[slot] = ListEntry{d.fixed(l), order_key(l), static_cast<int>(id)};
+    if (slot < kListMax) sh.big.list[slot] = entry(l, id);
   });
   __syncthreads();
   const int n = sh.i;
   __syncthreads();
   return n;
+}
+
+// The first bucket (of (max - x), up to the last one) where the count of
+// finite tokens from the top reaches n; -1 when none does or more than
+// kListMax tokens lie in the buckets up to it.
+__device__ int best_buckets_holding(Shared& sh, const float* x, int64_t V, float m, int n) {
+  for (int b = threadIdx.x; b < kBuckets; b += kThreads) sh.big.bucket_count[b] = 0;
+  __syncthreads();
+  for_each_uniform(x, V, [&](float l, int64_t, bool valid) {
+    const int b = bucket_of(m, l);
+    if (valid && b < kBuckets - 1) atomicAdd(&sh.big.bucket_count[b], 1u);
+  });
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int cum = 0, last = -1;
+    for (int b = 0; b < kBuckets - 1; ++b) {
+      cum += static_cast<int>(sh.big.bucket_count[b]);
+      if (cum >= n) {
+        last = b;
+        break;
+      }
+    }
+    sh.i = (last < 0 || cum > kListMax) ? -1 : last;
+  }
+  __syncthreads();
+  const int last = sh.i;
+  __syncthreads();
+  return last;
+}
+
+// The list entry of a kept token: its fixed weight, key and id.
+__device__ __forceinline__ ListEntry kept_entry(const Dist& d, float l, int64_t id) {
+  return ListEntry{d.fixed(l), order_key(l), static_cast<int>(id)};
+}
+
+// Puts the positive tokens of buckets 0..last on the list (collect_list's return).
+__device__ int list_best_buckets(Shared& sh, const Dist& d, int64_t V, int last) {
+  const float m = d.m;
+  return collect_list(
+      sh, d.x, V, [&](float l, int64_t, bool valid) { return valid && bucket_of(m, l) <= last && d.positive(l); },
+      [&](float l, int64_t id) { return kept_entry(d, l, id); });
 }
 
 // Top-k with top_k <= kListMax: the tokens of the best buckets (floor((max
@@ -661,28 +705,7 @@ __device__ int list_best_buckets(Shared& sh, const Dist& d, int64_t V, int last)
 // logits) or too few finite tokens lie within the buckets: the caller then
 // takes the radix path.
 __device__ int top_k_list(Shared& sh, const Dist& d, int64_t V, int top_k) {
-  for (int b = threadIdx.x; b < kBuckets; b += kThreads) sh.big.bucket_count[b] = 0;
-  __syncthreads();
-  const float m = d.m;
-  for_each_uniform(d.x, V, [&](float l, int64_t, bool valid) {
-    const int b = bucket_of(m, l);
-    if (valid && b < kBuckets - 1) atomicAdd(&sh.big.bucket_count[b], 1u);
-  });
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int cum = 0, last = -1;
-    for (int b = 0; b < kBuckets - 1; ++b) {
-      cum += static_cast<int>(sh.big.bucket_count[b]);
-      if (cum >= top_k) {
-        last = b;
-        break;
-      }
-    }
-    sh.i = (last < 0 || cum > kListMax) ? -1 : last;
-  }
-  __syncthreads();
-  const int last = sh.i;
-  __syncthreads();
+  const int last = best_buckets_holding(sh, d.x, V, d.m, top_k);
   if (last < 0) return -1;
   const int n = min(list_best_buckets(sh, d, V, last), kListMax);  // <= kListMax: counted above
   sort_list(sh, n, by_key_desc);
@@ -747,16 +770,9 @@ __device__ int top_p_list(Shared& sh, const Dist& d, int64_t V, float top_p, uns
 // number kept (from an earlier pass).
 __device__ bool build_list(Shared& sh, const Dist& d, int64_t V, const Cut& cut, int count) {
   if (count > kListMax) return false;
-  if (threadIdx.x == 0) sh.i = 0;
-  __syncthreads();
-  for_each_uniform(d.x, V, [&](float l, int64_t id, bool valid) {
-    if (!valid || !d.positive(l)) return;
-    const uint32_t k = order_key(l);
-    if (!cut.keeps(k, id)) return;
-    const int slot = atomicAdd(&sh.i, 1);
-    if (slot < kListMax) sh.big.list[slot] = ListEntry{d.fixed(l), k, static_cast<int>(id)};
-  });
-  __syncthreads();
+  collect_list(
+      sh, d.x, V, [&](float l, int64_t id, bool valid) { return valid && d.positive(l) && cut.keeps(order_key(l), id); },
+      [&](float l, int64_t id) { return kept_entry(d, l, id); });
   return true;
 }
 
@@ -923,38 +939,14 @@ __device__ int sample_row(Shared& sh, const float* x, int64_t V, const DeviceSam
 // kListMax in them): the caller takes the arg-max passes.
 __device__ int top_logprob_list(Shared& sh, const float* x, int64_t V, float m, int n) {
   if (!isfinite(m)) return -1;
-  for (int b = threadIdx.x; b < kBuckets; b += kThreads) sh.big.bucket_count[b] = 0;
-  __syncthreads();
-  for_each_uniform(x, V, [&](float l, int64_t, bool valid) {
-    const int b = bucket_of(m, l);
-    if (valid && b < kBuckets - 1) atomicAdd(&sh.big.bucket_count[b], 1u);
-  });
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int cum = 0, last = -1;
-    for (int b = 0; b < kBuckets - 1; ++b) {
-      cum += static_cast<int>(sh.big.bucket_count[b]);
-      if (cum >= n) {
-        last = b;
-        break;
-      }
-    }
-    sh.i = (last < 0 || cum > kListMax) ? -1 : last;
-  }
-  __syncthreads();
-  const int last = sh.i;
-  __syncthreads();
+  const int last = best_buckets_holding(sh, x, V, m, n);
   if (last < 0) return -1;
-  if (threadIdx.x == 0) sh.i = 0;
-  __syncthreads();
-  for_each_uniform(x, V, [&](float l, int64_t id, bool valid) {
-    if (!valid || bucket_of(m, l) > last) return;
-    const int slot = atomicAdd(&sh.i, 1);
-    if (slot < kListMax) sh.big.list[slot] = ListEntry{0, order_key(l == 0.0f ? 0.0f : l), static_cast<int>(id)};
-  });
-  __syncthreads();
-  const int len = min(sh.i, kListMax);
-  __syncthreads();
+  const int len = min(collect_list(
+                          sh, x, V, [&](float l, int64_t, bool valid) { return valid && bucket_of(m, l) <= last; },
+                          [&](float l, int64_t id) {
+                            return ListEntry{0, order_key(l == 0.0f ? 0.0f : l), static_cast<int>(id)};
+                          }),
+                      kListMax);
   sort_list(sh, len, by_key_desc);
   return len;
 }
