@@ -16,6 +16,10 @@
 // OSPREY_QGEMV_MAX_ROWS, 4 by default; dequantised panels + cuBLASLt
 // above); GB/s counts the packed weight bytes.
 //
+// `gpu_op_bench gemm-mid` runs the BF16 sweep at the row counts of mixed
+// steps (n = 96..612: ~100 decodes plus a prompt chunk) for qkv, o, gate_up
+// and down.
+//
 // `gpu_op_bench gemm-small-add` times the o and down shapes at n = 56..256
 // twice: as matmul (beta 0) and as matmul_add (the residual in place, beta
 // 1, as the engine runs them), to see what the residual add costs.
@@ -343,6 +347,32 @@ void gemm_small_sweep(ops::Backend& be, double copy_gbs) {
   }
 }
 
+// gemm-mid (file comment): BF16 GEMMs at the row counts of mixed steps
+// (a decode batch plus a prompt chunk), timed like gemm-small.
+void gemm_mid_sweep(ops::Backend& be, double copy_gbs) {
+  const WeightShape shapes[] = {
+      {"qkv", 6144, 4096}, {"o", 4096, 4096}, {"gate_up", 28672, 4096}, {"down", 4096, 14336}};
+  const int64_t rows[] = {96, 128, 160, 192, 228, 256, 292, 320, 356, 384, 420, 484, 512, 612};
+  constexpr int64_t kMaxRows = 612;
+  std::printf("GEMM BF16 at mixed-step n (x [n, k] @ w [m, k]^T)\n");
+  std::printf("%-8s %5s %9s %8s %7s %8s\n", "shape", "n", "us", "GB/s", "% copy", "TFLOP/s");
+  for (const WeightShape& sh : shapes) {
+    const WeightCopies wc = weight_copies(be, DType::kBF16, sh.m, sh.k, 100);
+    Buf x(be, static_cast<size_t>(kMaxRows * sh.k) * 2), o(be, static_cast<size_t>(kMaxRows * sh.m) * 2);
+    for (int64_t n : rows) {
+      Tensor xt(x.p, DType::kBF16, {n, sh.k}, Device::kCuda), ot(o.p, DType::kBF16, {n, sh.m}, Device::kCuda);
+      be.fill_uniform(xt, 7, -2.0f, 2.0f);
+      be.synchronize();
+      const double us = matmul_over_copies_us(be, xt, wc, ot);
+      const double bytes = static_cast<double>(wc.bytes) + 2.0 * n * sh.k + 2.0 * n * sh.m;
+      const double gbs = bytes / us / 1e3;
+      std::printf("%-8s %5lld %9.1f %8.1f %6.1f%% %8.1f\n", sh.name, static_cast<long long>(n), us, gbs,
+                  100.0 * gbs / copy_gbs, 2.0 * n * sh.m * sh.k / us / 1e6);
+      std::fflush(stdout);
+    }
+  }
+}
+
 // gemm-small-add (file comment): the projections that add into the
 // residual (o and down) at serving's decode batch sizes, each n timed as
 // matmul (out written, beta 0) and as matmul_add (the residual updated in
@@ -488,6 +518,7 @@ int main(int argc, char** argv) {
   const std::pair<const char*, void (*)(ops::Backend&, double)> sweeps[] = {
       {"decode-attention", decode_attention_sweep},
       {"gemm-small", gemm_small_sweep},
+      {"gemm-mid", gemm_mid_sweep},
       {"gemm-small-quant", gemm_small_quant_sweep},
       {"gemm-small-add", gemm_small_add_sweep},
       {"sampler", sampler_sweep}};
