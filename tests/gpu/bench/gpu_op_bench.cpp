@@ -314,53 +314,21 @@ struct WeightShape {
   int64_t m, k;
 };
 
-// Small-n GEMM sweep (see the file comment), weights from weight_copies.
-// GB/s counts the bytes one call must move (weights + x + out); % copy is
-// against the copy ceiling (read + write).
-void gemm_small_sweep(ops::Backend& be, double copy_gbs) {
-  const WeightShape shapes[] = {{"qkv", 6144, 4096},
-                                {"o", 4096, 4096},
-                                {"gate_up", 28672, 4096},
-                                {"down", 4096, 14336},
-                                {"lm_head", 128256, 4096}};
-  const int64_t rows[] = {1, 2, 3, 4, 6, 8, 9, 16, 24, 32, 48, 56, 64, 96, 100, 127, 128, 160, 192, 256};
-  for (DType t : {DType::kBF16, DType::kF16}) {
-    std::printf("GEMM %s at small n (x [n, k] @ w [m, k]^T, out %s)\n", std::string(dtype_name(t)).c_str(),
-                std::string(dtype_name(t)).c_str());
-    std::printf("%-8s %5s %9s %8s %7s %8s\n", "shape", "n", "us", "GB/s", "% copy", "TFLOP/s");
-    for (const WeightShape& sh : shapes) {
-      const WeightCopies wc = weight_copies(be, t, sh.m, sh.k, 100);
-      Buf x(be, static_cast<size_t>(256 * sh.k) * 2), o(be, static_cast<size_t>(256 * sh.m) * 2);
-      for (int64_t n : rows) {
-        if (t == DType::kF16 && n != 16 && n != 64 && n != 128) continue;
-        Tensor xt(x.p, t, {n, sh.k}, Device::kCuda), ot(o.p, t, {n, sh.m}, Device::kCuda);
-        be.fill_uniform(xt, 7, -2.0f, 2.0f);
-        be.synchronize();
-        const double us = matmul_over_copies_us(be, xt, wc, ot);
-        const double bytes = static_cast<double>(wc.bytes) + 2.0 * n * sh.k + 2.0 * n * sh.m;
-        const double gbs = bytes / us / 1e3;
-        std::printf("%-8s %5lld %9.1f %8.1f %6.1f%% %8.1f\n", sh.name, static_cast<long long>(n), us, gbs,
-                    100.0 * gbs / copy_gbs, 2.0 * n * sh.m * sh.k / us / 1e6);
-        std::fflush(stdout);
-      }
-    }
-  }
-}
-
-// gemm-mid (file comment): BF16 GEMMs at the row counts of mixed steps
-// (a decode batch plus a prompt chunk), timed like gemm-small.
-void gemm_mid_sweep(ops::Backend& be, double copy_gbs) {
-  const WeightShape shapes[] = {
-      {"qkv", 6144, 4096}, {"o", 4096, 4096}, {"gate_up", 28672, 4096}, {"down", 4096, 14336}};
-  const int64_t rows[] = {96, 128, 160, 192, 228, 256, 292, 320, 356, 384, 420, 484, 512, 612};
-  constexpr int64_t kMaxRows = 612;
-  std::printf("GEMM BF16 at mixed-step n (x [n, k] @ w [m, k]^T)\n");
+// One table of 16-bit GEMM timings: x [n, k] @ w [m, k]^T for each shape
+// at each n of `rows` that keep(n) accepts, over weight copies
+// (weight_copies). GB/s counts the bytes one call must move (weights + x +
+// out); % copy is against the copy ceiling (read + write).
+template <class Keep>
+void gemm_rows_table(ops::Backend& be, double copy_gbs, DType t, std::span<const WeightShape> shapes,
+                     std::span<const int64_t> rows, Keep keep) {
+  const int64_t max_rows = *std::max_element(rows.begin(), rows.end());
   std::printf("%-8s %5s %9s %8s %7s %8s\n", "shape", "n", "us", "GB/s", "% copy", "TFLOP/s");
   for (const WeightShape& sh : shapes) {
-    const WeightCopies wc = weight_copies(be, DType::kBF16, sh.m, sh.k, 100);
-    Buf x(be, static_cast<size_t>(kMaxRows * sh.k) * 2), o(be, static_cast<size_t>(kMaxRows * sh.m) * 2);
+    const WeightCopies wc = weight_copies(be, t, sh.m, sh.k, 100);
+    Buf x(be, static_cast<size_t>(max_rows * sh.k) * 2), o(be, static_cast<size_t>(max_rows * sh.m) * 2);
     for (int64_t n : rows) {
-      Tensor xt(x.p, DType::kBF16, {n, sh.k}, Device::kCuda), ot(o.p, DType::kBF16, {n, sh.m}, Device::kCuda);
+      if (!keep(n)) continue;
+      Tensor xt(x.p, t, {n, sh.k}, Device::kCuda), ot(o.p, t, {n, sh.m}, Device::kCuda);
       be.fill_uniform(xt, 7, -2.0f, 2.0f);
       be.synchronize();
       const double us = matmul_over_copies_us(be, xt, wc, ot);
@@ -371,6 +339,32 @@ void gemm_mid_sweep(ops::Backend& be, double copy_gbs) {
       std::fflush(stdout);
     }
   }
+}
+
+// Small-n GEMM sweep (see the file comment): BF16 at every n, F16 at three.
+void gemm_small_sweep(ops::Backend& be, double copy_gbs) {
+  const WeightShape shapes[] = {{"qkv", 6144, 4096},
+                                {"o", 4096, 4096},
+                                {"gate_up", 28672, 4096},
+                                {"down", 4096, 14336},
+                                {"lm_head", 128256, 4096}};
+  const int64_t rows[] = {1, 2, 3, 4, 6, 8, 9, 16, 24, 32, 48, 56, 64, 96, 100, 127, 128, 160, 192, 256};
+  for (DType t : {DType::kBF16, DType::kF16}) {
+    std::printf("GEMM %s at small n (x [n, k] @ w [m, k]^T, out %s)\n", std::string(dtype_name(t)).c_str(),
+                std::string(dtype_name(t)).c_str());
+    gemm_rows_table(be, copy_gbs, t, shapes, rows,
+                    [&](int64_t n) { return t != DType::kF16 || n == 16 || n == 64 || n == 128; });
+  }
+}
+
+// gemm-mid (file comment): BF16 GEMMs at the row counts of mixed steps
+// (a decode batch plus a prompt chunk), timed like gemm-small.
+void gemm_mid_sweep(ops::Backend& be, double copy_gbs) {
+  const WeightShape shapes[] = {
+      {"qkv", 6144, 4096}, {"o", 4096, 4096}, {"gate_up", 28672, 4096}, {"down", 4096, 14336}};
+  const int64_t rows[] = {96, 128, 160, 192, 228, 256, 292, 320, 356, 384, 420, 484, 512, 612};
+  std::printf("GEMM BF16 at mixed-step n (x [n, k] @ w [m, k]^T)\n");
+  gemm_rows_table(be, copy_gbs, DType::kBF16, shapes, rows, [](int64_t) { return true; });
 }
 
 // gemm-small-add (file comment): the projections that add into the
