@@ -23,28 +23,24 @@ int64_t now_ns() {
 // for, from the first traced step; before/forward/after: the device time
 // split around the forward, Executor::last_step_phases), to compare the
 // engine's steps with model_bench's at the same shapes and to see what a
-// step costs the wall clock. Opened once per process; lines from several
-// engines interleave.
-bool step_trace_on() {
-  static const bool on = [] {
+// step costs the wall clock. The file is opened once per process, on first
+// use (null: unset or not openable); lines from several engines interleave.
+std::FILE* step_trace_file() {
+  static std::FILE* const f = [] {
     const char* path = std::getenv("OSPREY_STEP_TRACE");
-    return path != nullptr && *path != '\0';
+    if (!path || !*path) return static_cast<std::FILE*>(nullptr);
+    std::FILE* file = std::fopen(path, "w");
+    if (!file) std::fprintf(stderr, "OSPREY_STEP_TRACE: cannot open %s for writing; no step trace\n", path);
+    return file;
   }();
-  return on;
+  return f;
 }
 
 void trace_step(int64_t id, size_t seqs, int tokens, bool decode_only, int64_t device_ns,
                 const Executor::StepPhases& ph) {
-  static std::once_flag once;
-  static std::FILE* f = nullptr;
   static std::mutex mu;
   static int64_t t0 = 0;
-  std::call_once(once, [] {
-    const char* path = std::getenv("OSPREY_STEP_TRACE");
-    if (!path || !*path) return;
-    f = std::fopen(path, "w");
-    if (!f) std::fprintf(stderr, "OSPREY_STEP_TRACE: cannot open %s for writing; no step trace\n", path);
-  });
+  std::FILE* f = step_trace_file();
   if (!f) return;
   const std::lock_guard<std::mutex> lock(mu);
   const int64_t now = now_ns();
@@ -71,7 +67,7 @@ Status EngineCore::initialize() {
                                            config_.scheduler.max_num_batched_tokens, scheduler_.max_logit_rows()));
   if (config_.num_swap_blocks > 0) OSP_RETURN_IF_ERROR(executor_.initialize_swap(config_.num_swap_blocks));
   async_ = config_.async_scheduling && executor_.supports_async_steps();
-  if (step_trace_on()) executor_.set_step_phases(true);
+  if (step_trace_file()) executor_.set_step_phases(true);
   return Status::Ok();
 }
 

@@ -341,13 +341,13 @@ void gemm_rows_table(ops::Backend& be, double copy_gbs, DType t, std::span<const
   }
 }
 
+// Llama-3-8B's weight shapes; the layers' four first, lm_head last.
+constexpr WeightShape kLlama3Shapes[] = {
+    {"qkv", 6144, 4096}, {"o", 4096, 4096}, {"gate_up", 28672, 4096}, {"down", 4096, 14336}, {"lm_head", 128256, 4096}};
+
 // Small-n GEMM sweep (see the file comment): BF16 at every n, F16 at three.
 void gemm_small_sweep(ops::Backend& be, double copy_gbs) {
-  const WeightShape shapes[] = {{"qkv", 6144, 4096},
-                                {"o", 4096, 4096},
-                                {"gate_up", 28672, 4096},
-                                {"down", 4096, 14336},
-                                {"lm_head", 128256, 4096}};
+  const std::span<const WeightShape> shapes(kLlama3Shapes);
   const int64_t rows[] = {1, 2, 3, 4, 6, 8, 9, 16, 24, 32, 48, 56, 64, 96, 100, 127, 128, 160, 192, 256};
   for (DType t : {DType::kBF16, DType::kF16}) {
     std::printf("GEMM %s at small n (x [n, k] @ w [m, k]^T, out %s)\n", std::string(dtype_name(t)).c_str(),
@@ -360,8 +360,7 @@ void gemm_small_sweep(ops::Backend& be, double copy_gbs) {
 // gemm-mid (file comment): BF16 GEMMs at the row counts of mixed steps
 // (a decode batch plus a prompt chunk), timed like gemm-small.
 void gemm_mid_sweep(ops::Backend& be, double copy_gbs) {
-  const WeightShape shapes[] = {
-      {"qkv", 6144, 4096}, {"o", 4096, 4096}, {"gate_up", 28672, 4096}, {"down", 4096, 14336}};
+  const auto shapes = std::span<const WeightShape>(kLlama3Shapes).first(4);  // not lm_head
   const int64_t rows[] = {96, 128, 160, 192, 228, 256, 292, 320, 356, 384, 420, 484, 512, 612};
   std::printf("GEMM BF16 at mixed-step n (x [n, k] @ w [m, k]^T)\n");
   gemm_rows_table(be, copy_gbs, DType::kBF16, shapes, rows, [](int64_t) { return true; });
@@ -396,8 +395,7 @@ void gemm_small_add_sweep(ops::Backend& be, double copy_gbs) {
 
 // gemm-small-quant (file comment): BF16 activations on quantised weights.
 void gemm_small_quant_sweep(ops::Backend& be, double copy_gbs) {
-  const WeightShape shapes[] = {
-      {"qkv", 6144, 4096}, {"o", 4096, 4096}, {"gate_up", 28672, 4096}, {"down", 4096, 14336}};
+  const auto shapes = std::span<const WeightShape>(kLlama3Shapes).first(4);  // not lm_head
   const int64_t rows[] = {1, 2, 4, 8, 9, 16, 24, 32, 33, 48, 64};
   const char* env = std::getenv("OSPREY_QGEMV_MAX_ROWS");
   for (DType t : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1}) {
