@@ -447,7 +447,8 @@ void sampler_sweep(ops::Backend& be, double) {
                            {"T=0.8 top_k=50 top_p=0.9", 0.8f, 0.9f, 0.0f, 50},
                            {"T=0.8 min_p=0.05", 0.8f, 1.0f, 0.05f, 0},
                            {"greedy logprobs=5", 0.0f, 1.0f, 0.0f, 0, 5},
-                           {"greedy logprobs=20", 0.0f, 1.0f, 0.0f, 0, 20}};
+                           {"greedy logprobs=20", 0.0f, 1.0f, 0.0f, 0, 20},
+                           {"T=0.8 top_k=50 logprobs=5", 0.8f, 1.0f, 0.0f, 50, 5}};
   for (const Kind kind : {Kind{"flat", 0.0f, 0.0f}, Kind{"peaked", 2.5f, 6.0f}, Kind{"sharp", 1.5f, 10.0f}}) {
     std::mt19937 rng(42);
     std::uniform_real_distribution<float> uni(-4.0f, 4.0f);
