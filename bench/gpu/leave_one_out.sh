@@ -27,8 +27,15 @@ mkdir -p "$out"
 
 graph_ms() { sed -nE 's/.*graph replay: ([0-9.]+) ms\/step.*/\1/p' "$1" | head -1; }
 
-OSPREY_BENCH_SKIP= "$mb" llama-3-8b bfloat16 "$@" > "$out/loo_full_1.log" 2>&1
-base1=$(graph_ms "$out/loo_full_1.log")
+# run_step LOG SKIP: model_bench with SKIP left out (empty: the full step);
+# prints the graph-replay ms, nothing if the run gave none (its log says why).
+run_step() {
+  OSPREY_BENCH_SKIP="$2" "$mb" llama-3-8b bfloat16 "${args[@]}" > "$1" 2>&1 || true
+  graph_ms "$1"
+}
+
+args=("$@")
+base1=$(run_step "$out/loo_full_1.log" "")
 [ -n "$base1" ] || { echo "no graph replay time in $out/loo_full_1.log" >&2; exit 1; }
 
 # Breakdown labels: the lines between the "breakdown" header and "total",
@@ -37,24 +44,24 @@ mapfile -t labels < <(awk '/breakdown at context/ {on = 1; next} on && /^  total
   sed -nE 's/^  (.*[^ ]) +[0-9]+ +[0-9.]+ +[0-9.]+%.*$/\1/p')
 [ "${#labels[@]}" -gt 0 ] || { echo "no breakdown labels in $out/loo_full_1.log" >&2; exit 1; }
 
-i=0
-declare -a without
-for label in "${labels[@]}"; do
-  i=$((i + 1))
-  OSPREY_BENCH_SKIP="$label" "$mb" llama-3-8b bfloat16 "$@" > "$out/loo_skip_$i.log" 2>&1
-  without[$i]=$(graph_ms "$out/loo_skip_$i.log")
+without=()
+for i in "${!labels[@]}"; do
+  without[i]=$(run_step "$out/loo_skip_$((i + 1)).log" "${labels[i]}")
 done
-OSPREY_BENCH_SKIP= "$mb" llama-3-8b bfloat16 "$@" > "$out/loo_full_2.log" 2>&1
-base2=$(graph_ms "$out/loo_full_2.log")
+base2=$(run_step "$out/loo_full_2.log" "")
+last=$base2
+[ -n "$base2" ] || { base2=$base1; last="no time"; }
 
 {
   echo "model_bench $* (graph replay ms/step)"
-  echo "full step: $base1 (first run), $base2 (last run)"
+  echo "full step: $base1 (first run), $last (last run)"
   printf '%-40s %12s %12s %8s\n' "left out" "step ms" "op costs ms" "share"
-  i=0
-  for label in "${labels[@]}"; do
-    i=$((i + 1))
-    awk -v l="$label" -v w="${without[$i]}" -v a="$base1" -v b="$base2" 'BEGIN {
+  for i in "${!labels[@]}"; do
+    if [ -z "${without[i]}" ]; then
+      printf '%-40s %12s (see %s)\n' "${labels[i]}" "no time" "$out/loo_skip_$((i + 1)).log"
+      continue
+    fi
+    awk -v l="${labels[i]}" -v w="${without[i]}" -v a="$base1" -v b="$base2" 'BEGIN {
       base = (a + b) / 2; d = base - w;
       printf "%-40s %12.3f %12.3f %7.1f%%\n", l, w, d, 100 * d / base }'
   done
