@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "core/check.h"
 
@@ -18,8 +19,38 @@ std::string_view dtype_name(DType t) {
     case DType::kQ8_0: return "Q8_0";
     case DType::kQ4_0: return "Q4_0";
     case DType::kQ4_1: return "Q4_1";
+    case DType::kF8E4M3:
+      return "F8_E4M3";
   }
   return "?";
+}
+
+float f8e4m3_to_f32(uint8_t v) {
+  const float sign = (v & 0x80u) != 0 ? -1.0f : 1.0f;
+  const int e = (v >> 3) & 0xf, m = v & 7;
+  if (e == 15 && m == 7) return std::numeric_limits<float>::quiet_NaN();
+  if (e == 0) return sign * std::ldexp(static_cast<float>(m), -9);  // subnormal: m/8 * 2^-6
+  return sign * std::ldexp(1.0f + static_cast<float>(m) / 8.0f, e - 7);
+}
+
+uint8_t f32_to_f8e4m3(float f) {
+  if (std::isnan(f)) return 0x7f;
+  const uint8_t sign = std::signbit(f) ? 0x80 : 0x00;
+  const float a = std::fabs(f);
+  if (a >= kF8E4M3Max) return sign | 0x7e;
+  if (a < 0.015625f) {  // below the smallest normal (2^-6): steps of 2^-9, 8 steps = the smallest normal's code
+    return sign | static_cast<uint8_t>(std::nearbyint(std::ldexp(a, 9)));
+  }
+  int ex = 0;
+  const float fr = std::frexp(a, &ex);                                  // a = fr * 2^ex, fr in [0.5, 1)
+  int e = ex - 1;                                                       // a = (2 fr) * 2^e, 2 fr in [1, 2)
+  int m = static_cast<int>(std::nearbyint((2.0f * fr - 1.0f) * 8.0f));  // exact products: ties to even
+  if (m == 8) {
+    m = 0;
+    ++e;
+  }
+  const int code = (e + 7) << 3 | m;
+  return sign | static_cast<uint8_t>(std::min(code, 0x7e));
 }
 
 std::optional<DType> dtype_from_name(std::string_view n) {
@@ -65,6 +96,11 @@ void dequantize_row(DType t, const void* src, float* out, int64_t cols) {
       }
       return;
     }
+    case DType::kF8E4M3: {
+      const auto* p = static_cast<const uint8_t*>(src);
+      for (int64_t i = 0; i < cols; ++i) out[i] = f8e4m3_to_f32(p[i]);
+      return;
+    }
     case DType::kQ4_1: {
       const auto* b = static_cast<const BlockQ4_1*>(src);
       for (int64_t k = 0; k < cols / kQuantBlock; ++k) {
@@ -92,6 +128,11 @@ void quantize_row(DType t, const float* x, void* dst, int64_t cols) {
     case DType::kBF16: {
       auto* p = static_cast<uint16_t*>(dst);
       for (int64_t i = 0; i < cols; ++i) p[i] = t == DType::kF16 ? f32_to_fp16(x[i]) : f32_to_bf16(x[i]);
+      return;
+    }
+    case DType::kF8E4M3: {
+      auto* p = static_cast<uint8_t*>(dst);
+      for (int64_t i = 0; i < cols; ++i) p[i] = f32_to_f8e4m3(x[i]);
       return;
     }
     case DType::kQ8_0:

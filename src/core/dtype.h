@@ -20,6 +20,13 @@ enum class DType : uint8_t {
   kQ8_0,  // blocks of 32: fp16 scale d, 32 x int8 q; x = d * q
   kQ4_0,  // blocks of 32: fp16 scale d, 16 bytes of nibbles; x = d * (q - 8)
   kQ4_1,  // blocks of 32: fp16 scale d, fp16 min m, 16 bytes of nibbles; x = d * q + m
+  // FP8 E4M3 (sign, 4 exponent bits with bias 7, 3 mantissa bits; no
+  // infinities, 0x7f / 0xff NaN, largest finite 448). Weight matrices of
+  // this dtype (the CUDA backend's fp8 quantisation, Backend::
+  // quantize_weight_fp8) carry one fp32 scale for the whole matrix after
+  // their bytes: see fp8_scale_offset. Not a file dtype (dtype_from_name
+  // does not know it).
+  kF8E4M3,
 };
 
 // Nibble layout of Q4_0/Q4_1 (as in GGUF): byte j of qs holds element j in its
@@ -68,6 +75,8 @@ constexpr int64_t dtype_block_bytes(DType t) {
     case DType::kQ8_0: return sizeof(BlockQ8_0);
     case DType::kQ4_0: return sizeof(BlockQ4_0);
     case DType::kQ4_1: return sizeof(BlockQ4_1);
+    case DType::kF8E4M3:
+      return 1;
   }
   return 0;
 }
@@ -79,6 +88,20 @@ constexpr bool dtype_is_quantized(DType t) { return dtype_block_elems(t) > 1; }
 constexpr int64_t dtype_row_bytes(DType t, int64_t cols) {
   return cols / dtype_block_elems(t) * dtype_block_bytes(t);
 }
+
+// An F8_E4M3 weight matrix [m, k] (kF8E4M3): the m * k E4M3 bytes row by
+// row, then at fp8_scale_offset(m, k) bytes from its start one fp32 s with
+// w[i][j] ~= s * e4m3(q[i][j]); fp8_weight_bytes(m, k) bytes in all (256-byte
+// aligned parts).
+constexpr int64_t fp8_scale_offset(int64_t m, int64_t k) {
+  return (m * k + 255) / 256 * 256;
+}
+constexpr int64_t fp8_weight_bytes(int64_t m, int64_t k) {
+  return fp8_scale_offset(m, k) + 256;
+}
+
+// The largest finite E4M3 value.
+constexpr float kF8E4M3Max = 448.0f;
 
 // ---- scalar conversions ------------------------------------------------------
 
@@ -150,6 +173,13 @@ inline uint16_t f32_to_bf16(float f) {
   return static_cast<uint16_t>(x >> 16);
 }
 
+// E4M3 byte -> float (exact).
+float f8e4m3_to_f32(uint8_t v);
+
+// float -> E4M3, round to nearest even, magnitudes above 448 saturated to
+// 448 (as CUDA's __NV_SATFINITE conversion), NaN -> 0x7f.
+uint8_t f32_to_f8e4m3(float f);
+
 // Dequantise one row of `cols` elements of type t (any dtype except the
 // integer ones) into out[cols] fp32. Portable reference used by tests and by
 // the loader; backends have their own fast paths.
@@ -158,7 +188,9 @@ void dequantize_row(DType t, const void* src, float* out, int64_t cols);
 // Quantise one row of `cols` floats into dtype t (F32, F16, BF16 or a block
 // type; cols a multiple of 32 for the block types) with the usual GGUF
 // recipes: Q8_0 d = amax/127; Q4_0 d = (value of largest magnitude)/-8,
-// q = round(x/d + 8); Q4_1 d = (max-min)/15, m = min. dst holds
+// q = round(x/d + 8); Q4_1 d = (max-min)/15, m = min; F8_E4M3 the values
+// themselves (f32_to_f8e4m3, no scale: dequantize_row gives them back
+// unscaled too). dst holds
 // dtype_row_bytes(t, cols) bytes. Used by tests and benchmarks.
 void quantize_row(DType t, const float* src, void* dst, int64_t cols);
 

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -48,6 +49,88 @@ TEST(Quantize, ZeroBlockStaysZero) {
     dequantize_row(t, packed.data(), y.data(), 32);
     for (float v : y) EXPECT_EQ(v, 0.0f) << dtype_name(t);
   }
+}
+
+// ---- F8_E4M3 -----------------------------------------------------------------
+
+TEST(F8E4M3, DecodesTheFormat) {
+  EXPECT_EQ(f8e4m3_to_f32(0x00), 0.0f);
+  EXPECT_TRUE(std::signbit(f8e4m3_to_f32(0x80)));
+  EXPECT_EQ(f8e4m3_to_f32(0x01), std::ldexp(1.0f, -9));  // smallest subnormal
+  EXPECT_EQ(f8e4m3_to_f32(0x07), 7.0f * std::ldexp(1.0f, -9));
+  EXPECT_EQ(f8e4m3_to_f32(0x08), std::ldexp(1.0f, -6));  // smallest normal
+  EXPECT_EQ(f8e4m3_to_f32(0x38), 1.0f);
+  EXPECT_EQ(f8e4m3_to_f32(0x39), 1.125f);
+  EXPECT_EQ(f8e4m3_to_f32(0xb8), -1.0f);
+  EXPECT_EQ(f8e4m3_to_f32(0x70), 128.0f);
+  EXPECT_EQ(f8e4m3_to_f32(0x7e), 448.0f);
+  EXPECT_EQ(f8e4m3_to_f32(0x7e), kF8E4M3Max);
+  EXPECT_TRUE(std::isnan(f8e4m3_to_f32(0x7f)));
+  EXPECT_TRUE(std::isnan(f8e4m3_to_f32(0xff)));
+  EXPECT_EQ(f8e4m3_to_f32(0x78), 256.0f);  // exponent 15 is finite in E4M3 (only mantissa 7 is NaN)
+}
+
+// Every finite code encodes back to itself.
+TEST(F8E4M3, RoundTripsEveryFiniteCode) {
+  for (int c = 0; c < 256; ++c) {
+    if ((c & 0x7f) == 0x7f) continue;
+    EXPECT_EQ(f32_to_f8e4m3(f8e4m3_to_f32(static_cast<uint8_t>(c))), c) << "code " << c;
+  }
+}
+
+// Against a search over the decode table: the nearest finite value, ties to
+// the even code; magnitudes above 448 saturate; NaN -> 0x7f.
+TEST(F8E4M3, RoundsToNearestEvenAndSaturates) {
+  auto reference = [](float x) -> uint8_t {
+    const uint8_t sign = std::signbit(x) ? 0x80 : 0x00;
+    const float a = std::fabs(x);
+    if (a >= 448.0f) return sign | 0x7e;
+    int best = 0;
+    for (int c = 1; c <= 0x7e; ++c) {
+      const float dc = std::fabs(f8e4m3_to_f32(static_cast<uint8_t>(c)) - a);
+      const float db = std::fabs(f8e4m3_to_f32(static_cast<uint8_t>(best)) - a);
+      if (dc < db || (dc == db && (c & 1) == 0)) best = c;
+    }
+    return sign | static_cast<uint8_t>(best);
+  };
+  // Every midpoint between neighbouring codes, and just either side of it.
+  for (int c = 0; c < 0x7e; ++c) {
+    const float lo = f8e4m3_to_f32(static_cast<uint8_t>(c)), hi = f8e4m3_to_f32(static_cast<uint8_t>(c + 1));
+    const float mid = 0.5f * (lo + hi);
+    for (float x : {mid, std::nextafter(mid, 0.0f), std::nextafter(mid, 1000.0f), -mid}) {
+      EXPECT_EQ(f32_to_f8e4m3(x), reference(x)) << "x = " << x;
+    }
+    EXPECT_EQ(f32_to_f8e4m3(mid), (c % 2 == 0) ? c : c + 1) << "tie between codes " << c << " and " << c + 1;
+  }
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-500.0f, 500.0f);
+  std::uniform_real_distribution<float> small(-0.05f, 0.05f);
+  for (int i = 0; i < 20000; ++i) {
+    const float x = i % 2 ? u(rng) : small(rng);
+    ASSERT_EQ(f32_to_f8e4m3(x), reference(x)) << "x = " << x;
+  }
+  EXPECT_EQ(f32_to_f8e4m3(449.0f), 0x7e);
+  EXPECT_EQ(f32_to_f8e4m3(1e30f), 0x7e);
+  EXPECT_EQ(f32_to_f8e4m3(-1e30f), 0xfe);
+  EXPECT_EQ(f32_to_f8e4m3(std::numeric_limits<float>::infinity()), 0x7e);
+  EXPECT_EQ(f32_to_f8e4m3(std::numeric_limits<float>::quiet_NaN()), 0x7f);
+}
+
+TEST(F8E4M3, RowHelpersAndWeightLayout) {
+  const std::vector<float> x = {0.0f, 1.0f, -2.5f, 448.0f, 1000.0f, 0.001f, -0.3f, 17.0f};
+  std::vector<uint8_t> q(x.size());
+  quantize_row(DType::kF8E4M3, x.data(), q.data(), static_cast<int64_t>(x.size()));
+  std::vector<float> y(x.size());
+  dequantize_row(DType::kF8E4M3, q.data(), y.data(), static_cast<int64_t>(x.size()));
+  const std::vector<float> want = {0.0f, 1.0f, -2.5f, 448.0f, 448.0f, 0.001953125f, -0.3125f, 16.0f};
+  EXPECT_EQ(y, want);
+  EXPECT_EQ(dtype_row_bytes(DType::kF8E4M3, 4096), 4096);
+  EXPECT_FALSE(dtype_is_quantized(DType::kF8E4M3));
+  EXPECT_EQ(dtype_name(DType::kF8E4M3), "F8_E4M3");
+  EXPECT_FALSE(dtype_from_name("F8_E4M3").has_value());  // not accepted from files
+  EXPECT_EQ(fp8_scale_offset(3, 5), 256);
+  EXPECT_EQ(fp8_scale_offset(4096, 4096), 4096 * 4096);
+  EXPECT_EQ(fp8_weight_bytes(4096, 4096), 4096 * 4096 + 256);
 }
 
 }  // namespace
