@@ -15,6 +15,9 @@ void add_engine_options(CLI::App* cmd, EngineOptions* o) {
                   "Compute dtype: auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16, float16 (CUDA)");
   cmd->add_option("--kv-cache-dtype", o->kv_cache_dtype,
                   "KV page dtype: auto (the compute dtype), float32, bfloat16, float16");
+  cmd->add_option("--quantization", o->quantization,
+                  "Weight quantisation at load: none, or fp8 (CUDA 8.9+: the layers' projections in FP8 E4M3 with "
+                  "FP8 GEMMs; not bit-exact)");
   cmd->add_option("--load-format", o->load_format,
                   "auto, or dummy: random weights of the right shapes from a config (see --model)");
   cmd->add_option("--threads", o->threads, "Compute threads (default: all cores)");
@@ -47,7 +50,7 @@ void add_engine_options(CLI::App* cmd, EngineOptions* o) {
   cmd->add_flag("--quantize-activations", o->quantize_activations,
                 "CPU: 8-bit activations in matmuls with Q8_0/Q4_0/Q4_1 weights (faster, not bit-exact)");
   // --help shows the defaults of the valued options.
-  for (const char* name : {"--model", "--device", "--dtype", "--kv-cache-dtype", "--load-format", "--max-num-seqs",
+  for (const char* name : {"--model", "--device", "--dtype", "--kv-cache-dtype", "--quantization", "--load-format", "--max-num-seqs",
                            "--max-num-batched-tokens", "--max-model-len", "--block-size", "--kv-cache-mb",
                            "--gpu-memory-utilization", "--swap-space-mb"})
     cmd->get_option(name)->capture_default_str();
@@ -60,6 +63,7 @@ EngineConfig to_engine_config(const EngineOptions& o) {
   c.device = o.device;
   c.dtype = o.dtype;
   c.kv_cache_dtype = o.kv_cache_dtype;
+  c.quantization = o.quantization;
   c.load_format = o.load_format;
   c.num_threads = o.threads;
   if (o.max_num_seqs > 0) c.max_num_seqs = o.max_num_seqs;

@@ -26,6 +26,7 @@ struct EngineOptions {
   std::string device = kEngineConfigDefaults.device;
   std::string dtype = kEngineConfigDefaults.dtype;
   std::string kv_cache_dtype = kEngineConfigDefaults.kv_cache_dtype;
+  std::string quantization = kEngineConfigDefaults.quantization;
   std::string load_format = kEngineConfigDefaults.load_format;
   int threads = kEngineConfigDefaults.num_threads;  // <= 0: all cores
   int max_num_seqs = 0;  // 0: the command's default (EngineConfig's 256; bench offline: --num-prompts)

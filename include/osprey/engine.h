@@ -41,6 +41,13 @@ struct EngineConfig {
   std::string tokenizer;
   // KV page dtype: "auto" (the compute dtype), "float32", "bfloat16", "float16".
   std::string kv_cache_dtype = "auto";
+  // Weight quantisation at load: "none" (or "") or "fp8": the decoder
+  // layers' projections (q/k/v, o, gate/up, down) become FP8 E4M3 with one
+  // scale a matrix, each projection's input is quantised to E4M3 per call
+  // (one dynamic scale), and the products run on FP8 tensor cores (CUDA,
+  // compute capability 8.9+, bfloat16 or float16 compute). Embeddings,
+  // lm_head and norms stay as they are. Not bit-exact against the model.
+  std::string quantization = "none";
   // CUDA: fraction of the device's total memory the engine may hold (weights,
   // step buffers, KV pool). The KV pool gets what is left after a profiling
   // forward at max_num_batched_tokens, unless kv_cache_bytes or num_kv_blocks

@@ -94,6 +94,7 @@ Expected<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
   load.load_format = config.load_format;
   load.dtype = config.dtype;
   load.kv_cache_dtype = config.kv_cache_dtype;
+  load.quantization = config.quantization;
   load.tokenizer = config.tokenizer;
   OSP_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::load(path, *backend, load));
   OSP_ASSIGN_OR_RETURN(ModelText model_text, load_model_text(*model));

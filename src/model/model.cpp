@@ -56,6 +56,7 @@ struct Model::Impl {
   // then point at unit_norm (ones, for the GEMV-size steps' rms_norm_matmul*).
   bool folded_norms = false;
   Tensor unit_norm;  // [d] F32 ones, when folded_norms
+  bool fp8 = false;  // the layers' projections are F8_E4M3 (quantize_fp8)
   std::vector<float> inv_freq_host;
   float* inv_freq = nullptr;  // on the backend's device
   ops::RopeTable rope;
@@ -375,6 +376,47 @@ Status Model::fold_norms(Impl& m, ops::Backend& be, DType act, int64_t d) {
   return {};
 }
 
+// Converts the layers' projections to F8_E4M3 with one scale a matrix
+// (ModelLoadOptions::quantization "fp8", Backend::quantize_weight_fp8), each
+// into an allocation of its own; the float copy's allocation is freed. The
+// norms are not folded into the weights first: with the fold, each GEMM
+// would read the raw residual, whose rows' magnitudes differ by orders
+// between tokens, and one FP8 scale for all of them would leave the small
+// rows few significant bits; the normed rows the unfolded sequence
+// quantises are all of RMS ~1.
+Status Model::quantize_fp8(Impl& m, ops::Backend& be, DType act) {
+  (void)act;
+  for (LayerWeights& L : m.layers) {
+    for (Tensor* w : {&L.w_qkv, &L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate_up, &L.w_down}) {
+      if (!w->defined()) continue;
+      if (!is_float_dtype(w->dtype()) || w->device() == Device::kCpu) {
+        return unsupported("quantization fp8 converts float weights on the device; this model's are " +
+                           std::string(dtype_name(w->dtype())));
+      }
+      const int64_t rows = w->dim(0), cols = w->dim(1);
+      if (rows % 16 != 0 || cols % 16 != 0) {
+        return unsupported("quantization fp8 needs projection shapes in multiples of 16, got " + w->shape_string());
+      }
+      void* p = be.alloc(static_cast<size_t>(fp8_weight_bytes(rows, cols)));
+      if (!p) return resource_exhausted("out of device memory converting the weights to FP8");
+      m.device_allocations.push_back(p);
+      Tensor q(p, DType::kF8E4M3, {rows, cols}, be.device());
+      be.quantize_weight_fp8(*w, q);
+      be.synchronize();
+      auto it = std::find(m.device_allocations.begin(), m.device_allocations.end(), w->data());
+      if (it != m.device_allocations.end()) {
+        be.free(*it);
+        m.device_allocations.erase(it);
+      }
+      const auto before = static_cast<size_t>(w->nbytes()), after = static_cast<size_t>(rows * cols);
+      m.weight_bytes = m.weight_bytes > before ? m.weight_bytes - before + after : after;
+      *w = q;
+    }
+  }
+  m.fp8 = true;
+  return {};
+}
+
 Expected<std::unique_ptr<Model>> Model::load(const std::string& path, ops::Backend& backend,
                                              const ModelLoadOptions& options) {
   if (options.load_format != "auto" && options.load_format != "dummy") {
@@ -389,6 +431,15 @@ Expected<std::unique_ptr<Model>> Model::load(const std::string& path, ops::Backe
                                                            : " (use float32, bfloat16 or float16)"));
   }
   OSP_ASSIGN_OR_RETURN(DType kv_dtype, parse_dtype_option(options.kv_cache_dtype, act, "kv_cache_dtype"));
+  if (!options.quantization.empty() && options.quantization != "none" && options.quantization != "fp8") {
+    return invalid_argument("quantization must be none or fp8, got '" + options.quantization + "'");
+  }
+  const bool fp8 = options.quantization == "fp8";
+  if (fp8 && !backend.supports_fp8_weights(act)) {
+    return unsupported(std::string("quantization fp8 needs FP8 tensor cores: the CUDA backend on a GPU of compute "
+                                   "capability 8.9 or newer, computing in bfloat16 or float16 (this is the ") +
+                       backend.name() + " backend computing in " + std::string(dtype_name(act)) + ")");
+  }
 
   std::unique_ptr<Model> model(new Model());
   Impl& m = *model->impl_;
@@ -483,7 +534,11 @@ Expected<std::unique_ptr<Model>> Model::load(const std::string& path, ops::Backe
     L.w_down = b.matrix(p + "mlp.down_proj.weight", d, f);
   }
   OSP_RETURN_IF_ERROR(b.status());
-  OSP_RETURN_IF_ERROR(fold_norms(m, backend, act, d));
+  if (fp8) {
+    OSP_RETURN_IF_ERROR(quantize_fp8(m, backend, act));  // instead of the norm fold: see quantize_fp8
+  } else {
+    OSP_RETURN_IF_ERROR(fold_norms(m, backend, act, d));
+  }
 
   m.inv_freq_host = ops::make_rope_inv_freq(c.rope_theta, c.head_dim, c.rope_scaling);
   m.inv_freq = upload_owned(backend, m.device_allocations, m.inv_freq_host);
@@ -599,7 +654,8 @@ Tensor Model::forward(const ForwardBatch& batch, KvCache& kv) {
   // into the projection that reads them (CUDA GEMV rows, 16-bit): norm + qkv
   // and norm + gate/up are one op each (normed left unwritten; the normed
   // rows rounded to the activation dtype as rms_norm rounds them).
-  const bool fused_norm = fused_resid && be.fuses_rms_norm_matmul(n, act_dtype_);
+  // (Not with FP8 weights: the fused GEMVs read 16-bit ones.)
+  const bool fused_norm = fused_resid && !m.fp8 && be.fuses_rms_norm_matmul(n, act_dtype_);
   // Norm weights folded into w_qkv / w_gate_up (fold_norms): at the other
   // steps the projections read resid itself and the ops reading their
   // products scale each row by 1 / rms(resid row): no norm pass.

@@ -34,6 +34,10 @@ struct ModelLoadOptions {
   std::string tokenizer;
   // Seed of the dummy weights.
   uint64_t dummy_seed = 0;
+  // "none" / "" or "fp8" (EngineConfig::quantization): the layers'
+  // projections converted at load (Backend::quantize_weight_fp8), after the
+  // norm fold; needs Backend::supports_fp8_weights and float weights.
+  std::string quantization = "none";
 };
 
 // "auto"/"float32"/"fp32"/"bfloat16"/"bf16"/"float16"/"fp16" -> dtype; "auto"
@@ -89,6 +93,7 @@ class Model {
   Model();
   struct Impl;
   static Status fold_norms(Impl& m, ops::Backend& be, DType act, int64_t d);
+  static Status quantize_fp8(Impl& m, ops::Backend& be, DType act);
   std::unique_ptr<Impl> impl_;
   ModelConfig config_;
   ops::Backend* backend_ = nullptr;

@@ -196,6 +196,28 @@ class Backend {
   // w[m, k] = w[m, k] * scale[k] rounded to w's dtype (F32, F16 or BF16), in
   // place; scale [k] F32. This default: host memory (the CPU's "device").
   virtual void scale_columns(Tensor& w, const Tensor& scale);
+
+  // ---- FP8 weights (ModelLoadOptions::quantization "fp8", fp8_quant.cpp) ----
+  //
+  // True when matmul and matmul_add take F8_E4M3 weight matrices (the
+  // layout of fp8_scale_offset: one fp32 scale s a matrix) with activations
+  // of dtype act: each call quantises its input x [n, k] to E4M3 with one
+  // dynamic scale (the same recipe as quantize_weight_fp8 over the whole
+  // input) and runs the product on FP8 tensor cores with fp32 accumulation,
+  // times s * the input's scale, out in act. The fused rms_norm_matmul* /
+  // matmul_silu_mul ops are not given such weights (the model asks for the
+  // two-op sequences instead). Default: false.
+  virtual bool supports_fp8_weights(DType act) const {
+    (void)act;
+    return false;
+  }
+  // q [m, k] F8_E4M3, fp8_weight_bytes(m, k) bytes at q.data(), from w [m,
+  // k] (F32, F16 or BF16): amax = max |w|, inv = 448 / amax and s = amax /
+  // 448 in fp32 (inv = s = 1 for an all-zero w), q = e4m3(w * inv) rounded
+  // to nearest even and saturated (f32_to_f8e4m3), s stored at
+  // fp8_scale_offset(m, k). Non-finite values in w are an error. This
+  // default: host memory (the reference the CUDA kernels are tested against).
+  virtual void quantize_weight_fp8(const Tensor& w, Tensor& q);
   // qkv_rope_kv_write of qkv with each row t first multiplied by inv_t of
   // x[t, :] (x_eps), plus qkv_bias [cols] F32 where defined, and rounded to
   // qkv's dtype: the values a projection of rms_norm(x) with that bias

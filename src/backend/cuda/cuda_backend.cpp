@@ -90,6 +90,7 @@ CudaBackend::CudaBackend(const CudaBackendOptions& options) : options_(options) 
   cudaDeviceProp prop{};
   OSP_CUDA_CHECK(cudaGetDeviceProperties(&prop, options.device_index));
   num_sms_ = prop.multiProcessorCount;
+  fp8_tensor_cores_ = prop.major > 8 || (prop.major == 8 && prop.minor >= 9);  // Ada, Hopper and newer
   if (prop.major < 8) {
     error_ = std::string("CUDA device ") + prop.name + " has compute capability " + std::to_string(prop.major) + "." +
              std::to_string(prop.minor) + "; osprey needs 8.0 or newer";

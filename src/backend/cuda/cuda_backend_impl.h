@@ -74,6 +74,8 @@ class CudaBackend final : public ops::Backend {
   bool folds_norms(DType act) const override;
   // One kernel, stream-ordered (elementwise/elementwise.cu).
   void scale_columns(Tensor& w, const Tensor& scale) override;
+  bool supports_fp8_weights(DType act) const override;
+  void quantize_weight_fp8(const Tensor& w, Tensor& q) override;
   // qkv_rope_kv_write's kernels with the row scale (rope/qkv_rope.cu).
   void rms_scaled_qkv_rope_kv_write(const Tensor& x, float x_eps, const Tensor& qkv, const Tensor& qkv_bias,
                                     const Tensor& q_norm, const Tensor& k_norm, float eps, const ops::RopeTable& rope,
@@ -146,14 +148,21 @@ class CudaBackend final : public ops::Backend {
   // stream_, the kernel launched on `on` (stream_, or the side stream of a
   // mixed step's decode part).
   void run_attention(PagedAttentionArgs& a, bool decode, cudaStream_t on);
-  // 16-bit GEMM through cuBLASLt: out[n, ldo] columns [0, m) (out_type BF16,
-  // F16 or F32) = x[n, k] @ w[m, k]^T (+ out when accumulate), w and x both
-  // of in_type (BF16 or F16), fp32 accumulation.
+  // 16-bit or FP8 GEMM through cuBLASLt: out[n, ldo] columns [0, m)
+  // (out_type BF16, F16 or F32) = x[n, k] @ w[m, k]^T (+ out when
+  // accumulate), w and x both of in_type (BF16, F16, or F8_E4M3 with the
+  // device scalars a_scale (w's) and b_scale (x's) multiplying the product),
+  // fp32 accumulation.
   // The plan (descriptors, layouts, algorithm) is cached per shape and
   // pointer alignment, so only the first call of a shape queries the
-  // heuristics. Falls back to cublasGemmEx when cuBLASLt offers no algorithm.
+  // heuristics. Falls back to cublasGemmEx when cuBLASLt offers no algorithm
+  // (16-bit inputs; an FP8 GEMM without one is an error).
   void lt_gemm(const void* w, const void* x, int64_t n, int64_t m, int64_t k, DType out_type, void* out, int64_t ldo,
-               bool accumulate, DType in_type = DType::kBF16);
+               bool accumulate, DType in_type = DType::kBF16, const float* a_scale = nullptr,
+               const float* b_scale = nullptr);
+  // matmul / matmul_add on F8_E4M3 weights (gemm/matmul.cpp): x quantised
+  // into fp8_act_ (launch_fp8_quantize), then lt_gemm in FP8.
+  void matmul_fp8(const Tensor& x, const Tensor& w, const float* bias, Tensor& out, bool add_to_out);
   // matmul (add_to_out false) and matmul_add (true: out += x @ w^T, no
   // bias) after their argument checks: the path dispatch of gemm/matmul.cpp.
   void matmul_into(const Tensor& x, const Tensor& w, const float* bias, Tensor& out, bool add_to_out);
@@ -191,6 +200,7 @@ class CudaBackend final : public ops::Backend {
   std::string error_;
   std::string name_;
   int num_sms_ = 0;
+  bool fp8_tensor_cores_ = false;  // compute capability 8.9+: cuBLASLt's FP8 GEMMs (supports_fp8_weights)
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   cublasLtHandle_t lt_ = nullptr;
@@ -203,6 +213,7 @@ class CudaBackend final : public ops::Backend {
   DeviceBuffer act_scratch_;    // activations converted to F16/BF16
   DeviceBuffer panel_scratch_;  // dequantised weight panels (fp32, or the 16-bit activation dtype)
   DeviceBuffer tune_out_;       // D of accumulating (beta = 1) plans while they are timed (lt_tune)
+  DeviceBuffer fp8_act_;        // an FP8 GEMM's quantised input, its amax partials and scale (matmul_fp8)
   DeviceBuffer attn_acc_;       // split attention partials
   DeviceBuffer attn_ml_;
   // The decode kernel's split-merge counters (kernels.h split_tickets):

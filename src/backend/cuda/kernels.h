@@ -136,6 +136,15 @@ void launch_qkv_rope_kv_write(const QkvRopeArgs& args, cudaStream_t stream);
 
 // ---- gemm/ -----------------------------------------------------------------------
 
+// FP8 (gemm/fp8.cu): q[count] = E4M3 of x * (448 / amax) with amax = max |x|
+// over all count elements of x (F32, F16 or BF16), rounded to nearest even
+// and saturated; *scale_out = amax / 448 (1 and 1 when x is all zeros; +inf
+// when x holds a non-finite value). partials: fp8_amax_parts(count) floats of
+// scratch. Two kernels (launch_pdl), graph-safe.
+int fp8_amax_parts(int64_t count);
+void launch_fp8_quantize(DType t, const void* x, int64_t count, float* partials, uint8_t* q, float* scale_out,
+                         cudaStream_t stream);
+
 // Rows handled per GEMV pass: larger n runs in passes of this many rows.
 constexpr int kGemvRowsPerPass = 8;
 

@@ -5,9 +5,11 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "loader/dummy_weights.h"
 #include "model/model.h"
@@ -127,6 +129,56 @@ TEST_F(DummyModelTest, ErrorsAreClear) {
   auto kvd = Model::load(dir_.string(), *backend_, o);
   ASSERT_FALSE(kvd.ok());
   EXPECT_EQ(kvd.status().code(), StatusCode::kInvalidArgument);
+
+  // Weight quantisation: an unknown kind is invalid; fp8 needs FP8 tensor
+  // cores, which the CPU backend does not have (checked before any weight
+  // is made); "none" loads as the default does.
+  o.kv_cache_dtype = "auto";
+  o.quantization = "int4";
+  auto q = Model::load(dir_.string(), *backend_, o);
+  ASSERT_FALSE(q.ok());
+  EXPECT_EQ(q.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(q.status().message().find("none or fp8"), std::string::npos) << q.status().message();
+  o.quantization = "fp8";
+  auto f8 = Model::load(dir_.string(), *backend_, o);
+  ASSERT_FALSE(f8.ok());
+  EXPECT_EQ(f8.status().code(), StatusCode::kUnsupported);
+  EXPECT_NE(f8.status().message().find("compute capability 8.9"), std::string::npos) << f8.status().message();
+  EXPECT_FALSE(backend_->supports_fp8_weights(DType::kF32));
+  o.quantization = "none";
+  EXPECT_TRUE(Model::load(dir_.string(), *backend_, o).ok());
+}
+
+// The host recipe of Backend::quantize_weight_fp8 (the reference the CUDA
+// kernels are tested against): one scale amax / 448, codes of w * 448 /
+// amax rounded to nearest even, the scale after the bytes.
+TEST(QuantizeWeightFp8, HostRecipe) {
+  auto be = ops::make_cpu_backend(1);
+  const int64_t m = 3, k = 16;
+  std::vector<float> w(static_cast<size_t>(m * k));
+  for (size_t i = 0; i < w.size(); ++i) w[i] = 0.01f * static_cast<float>(static_cast<int>(i) - 20);
+  w[7] = -0.9f;  // the amax
+  std::vector<uint8_t> q(static_cast<size_t>(fp8_weight_bytes(m, k)), 0xaa);
+  Tensor wt(w.data(), DType::kF32, {m, k});
+  Tensor qt(q.data(), DType::kF8E4M3, {m, k});
+  be->quantize_weight_fp8(wt, qt);
+  float s = 0;
+  std::memcpy(&s, q.data() + fp8_scale_offset(m, k), sizeof(s));
+  EXPECT_EQ(s, 0.9f / 448.0f);
+  const float inv = 448.0f / 0.9f;
+  for (size_t i = 0; i < w.size(); ++i) {
+    ASSERT_EQ(q[i], f32_to_f8e4m3(w[i] * inv)) << i;
+    EXPECT_NEAR(f8e4m3_to_f32(q[i]) * s, w[i], 0.9f / 16) << i;  // within half a step of the largest binade
+  }
+  EXPECT_EQ(q[7], 0xfe);  // -448
+  // All zeros: scale 1, zero codes. A non-finite weight is an error.
+  std::fill(w.begin(), w.end(), 0.0f);
+  be->quantize_weight_fp8(wt, qt);
+  std::memcpy(&s, q.data() + fp8_scale_offset(m, k), sizeof(s));
+  EXPECT_EQ(s, 1.0f);
+  EXPECT_EQ(q[0], 0);
+  w[5] = std::nanf("");
+  EXPECT_DEATH(be->quantize_weight_fp8(wt, qt), "non-finite");
 }
 
 TEST_F(DummyModelTest, Bf16KvPagesOnTheCpuHalveKvBytes) {

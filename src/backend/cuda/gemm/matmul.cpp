@@ -28,6 +28,7 @@
 //     quantised weights: panels of weight rows dequantised to fp32 scratch,
 //       then SGEMM per panel.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -167,6 +168,7 @@ bool is_weight_dtype(DType t) {
     case DType::kQ8_0:
     case DType::kQ4_0:
     case DType::kQ4_1:
+    case DType::kF8E4M3:
       return true;
     default:
       return false;
@@ -181,6 +183,8 @@ cudaDataType_t cuda_type(DType t) {
       return CUDA_R_16F;
     case DType::kBF16:
       return CUDA_R_16BF;
+    case DType::kF8E4M3:
+      return CUDA_R_8F_E4M3;
     default:
       OSP_CHECK_MSG(false, "no cuBLAS type for " << dtype_name(t));
   }
@@ -405,8 +409,10 @@ void CudaBackend::lt_tune(const LtKey& key, LtPlan& plan, const void* w, const v
 }
 
 void CudaBackend::lt_gemm(const void* w, const void* x, int64_t n, int64_t m, int64_t k, DType out_type, void* out,
-                          int64_t ldo, bool accumulate, DType in_type) {
-  OSP_CHECK_MSG(in_type == DType::kBF16 || in_type == DType::kF16, "lt_gemm takes BF16 or F16 inputs");
+                          int64_t ldo, bool accumulate, DType in_type, const float* a_scale, const float* b_scale) {
+  const bool fp8 = in_type == DType::kF8E4M3;
+  OSP_CHECK_MSG(in_type == DType::kBF16 || in_type == DType::kF16 || fp8, "lt_gemm takes BF16, F16 or F8_E4M3 inputs");
+  OSP_CHECK_MSG(!fp8 || (a_scale && b_scale), "lt_gemm: an FP8 GEMM needs both scales");
   constexpr int64_t kMaxInt = std::numeric_limits<int>::max();
   OSP_CHECK(n <= kMaxInt && m <= kMaxInt && k <= kMaxInt && ldo <= kMaxInt);
   const float alpha = 1.0f;
@@ -414,7 +420,14 @@ void CudaBackend::lt_gemm(const void* w, const void* x, int64_t n, int64_t m, in
   const uint64_t align = alignment_of(w) | (alignment_of(x) << 16) | (alignment_of(out) << 32);
   const LtKey key{n, m, k, ldo, static_cast<int>(out_type), accumulate, align, static_cast<int>(in_type)};
   LtPlan& plan = lt_plan(key);
+  if (fp8) {  // this call's scales (read by the GEMM on the device; timed runs use them too)
+    OSP_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale, sizeof(a_scale)));
+    OSP_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scale, sizeof(b_scale)));
+  }
   if (!plan.tuned) lt_tune(key, plan, w, x, out);
+  OSP_CHECK_MSG(plan.ok || !fp8, "cuBLASLt offers no FP8 GEMM for n " << n << ", m " << m << ", k " << k);
   if (plan.ok) {
     OSP_CUBLAS_CHECK(cublasLtMatmul(lt_, plan.desc, &alpha, w, plan.a, x, plan.b, &beta, out, plan.c, out, plan.c,
                                     &plan.algo, cublas_workspace_.get(), kLtWorkspaceBytes, stream_));
@@ -450,6 +463,50 @@ void CudaBackend::matmul_bf16(const Tensor& x, const Tensor& w, const float* b, 
     lt_gemm(panel, x.data(), n, rows, k, ot, static_cast<char*>(out.data()) + static_cast<size_t>(r0) * es, m,
             accumulate, xt);
   }
+}
+
+void CudaBackend::matmul_fp8(const Tensor& x, const Tensor& w, const float* b, Tensor& out, bool add_to_out) {
+  const int64_t m = w.dim(0), k = w.dim(1), n = x.rows();
+  const DType xt = x.dtype(), ot = out.dtype();
+  OSP_CHECK_MSG(is_16bit(xt) && ot == xt,
+                "matmul on F8_E4M3 weights: BF16 or F16 activations and output of their dtype, got "
+                    << dtype_name(xt) << " -> " << dtype_name(ot));
+  OSP_CHECK_MSG(k % 16 == 0 && m % 16 == 0, "F8_E4M3 weights need rows and columns in multiples of 16, got " << m
+                                                                                                         << " x " << k);
+  // Scratch: the quantised x (n * k bytes, 256-aligned end), then the amax
+  // partials, then x's scale. Grows only (the engine's warm-up sizes it
+  // before graphs are captured).
+  const int64_t count = n * k;
+  const int parts = fp8_amax_parts(count);
+  const size_t q_bytes = static_cast<size_t>((count + 255) / 256 * 256);
+  auto* s = static_cast<char*>(fp8_act_.reserve(q_bytes + (static_cast<size_t>(parts) + 64) * sizeof(float), stream_));
+  auto* partials = reinterpret_cast<float*>(s + q_bytes);
+  float* x_scale = partials + (parts + 63) / 64 * 64;
+  launch_fp8_quantize(xt, x.data(), count, partials, reinterpret_cast<uint8_t*>(s), x_scale, stream_);
+  if (b) launch_fill_rows(b, n, m, ot, out.data(), m, stream_);
+  const auto* w_scale = reinterpret_cast<const float*>(static_cast<const char*>(w.data()) + fp8_scale_offset(m, k));
+  lt_gemm(w.data(), s, n, m, k, ot, out.data(), m, b != nullptr || add_to_out, DType::kF8E4M3, w_scale, x_scale);
+}
+
+bool CudaBackend::supports_fp8_weights(DType act) const { return is_16bit(act) && fp8_tensor_cores_; }
+
+void CudaBackend::quantize_weight_fp8(const Tensor& w, Tensor& q) {
+  OSP_CHECK_MSG(w.device() == Device::kCuda && q.device() == Device::kCuda,
+                "quantize_weight_fp8: tensors must be in CUDA device memory");
+  OSP_CHECK_MSG(w.dtype() == DType::kF32 || w.dtype() == DType::kF16 || w.dtype() == DType::kBF16,
+                "quantize_weight_fp8: w must be F32, F16 or BF16, got " << dtype_name(w.dtype()));
+  OSP_CHECK_MSG(q.dtype() == DType::kF8E4M3, "quantize_weight_fp8: q must be F8_E4M3");
+  OSP_CHECK(w.ndim() == 2 && q.ndim() == 2 && w.dim(0) == q.dim(0) && w.dim(1) == q.dim(1));
+  const int64_t m = w.rows(), k = w.cols();
+  bind_device();
+  const int parts = fp8_amax_parts(m * k);
+  auto* partials = static_cast<float*>(fp8_act_.reserve(static_cast<size_t>(parts) * sizeof(float), stream_));
+  auto* scale = reinterpret_cast<float*>(static_cast<char*>(q.data()) + fp8_scale_offset(m, k));
+  launch_fp8_quantize(w.dtype(), w.data(), m * k, partials, static_cast<uint8_t*>(q.data()), scale, stream_);
+  float host_scale = 0.0f;
+  OSP_CUDA_CHECK(cudaMemcpyAsync(&host_scale, scale, sizeof(float), cudaMemcpyDeviceToHost, stream_));
+  OSP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  OSP_CHECK_MSG(std::isfinite(host_scale), "quantize_weight_fp8: the weight holds a non-finite value");
 }
 
 namespace {
@@ -595,6 +652,10 @@ void CudaBackend::matmul_into(const Tensor& x, const Tensor& w, const float* b, 
     return;
   }
 
+  if (w.dtype() == DType::kF8E4M3) {
+    matmul_fp8(x, w, b, out, add_to_out);
+    return;
+  }
   if (gemv_rows(n, xt, w.dtype())) {
     launch_gemv(w.dtype(), w.data(), w.row_bytes(), m, k, xt, x.data(), n, b, ot, out.data(), num_sms_, stream_,
                 add_to_out);
