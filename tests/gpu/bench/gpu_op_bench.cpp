@@ -20,6 +20,14 @@
 // steps (n = 96..612: ~100 decodes plus a prompt chunk) for qkv, o, gate_up
 // and down.
 //
+// `gpu_op_bench gemm-fp8` times E4M3 GEMMs through cuBLASLt (fp8_gemm.cu;
+// the backend has no FP8 path) at the four layer shapes for n = 1..8192
+// against the backend's BF16 path in the same run: one scalar scale per
+// matrix, per-row weight and per-token activation scales (OUTER_VEC_32F),
+// and the latter with fast accumulation; plus the per-token quantisation
+// of the BF16 activation that an FP8 GEMM needs first. It first checks that
+// cuBLASLt applies both kinds of scale as documented.
+//
 // `gpu_op_bench gemm-small-add` times the o and down shapes at n = 56..256
 // twice: as matmul (beta 0) and as matmul_add (the residual in place, beta
 // 1, as the engine runs them), to see what the residual add costs.
@@ -58,6 +66,7 @@
 #include <vector>
 
 #include "../attention_batch.h"
+#include "fp8_gemm.h"
 #include "backend/cuda/cuda_backend.h"
 #include "core/dtype.h"
 #include "core/tensor.h"
@@ -366,6 +375,45 @@ void gemm_mid_sweep(ops::Backend& be, double copy_gbs) {
   gemm_rows_table(be, copy_gbs, DType::kBF16, shapes, rows, [](int64_t) { return true; });
 }
 
+// gemm-fp8 (file comment). % copy counts the E4M3 weight bytes against the
+// copy ceiling; "x" is BF16 time / (FP8 rowwise + quantisation).
+void gemm_fp8_sweep(ops::Backend& be, double copy_gbs) {
+  bench::Fp8GemmBench f8;
+  const std::string bad = f8.check_scales();
+  std::printf("FP8 scale check: %s\n", bad.empty() ? "ok (scalar and OUTER_VEC_32F)" : bad.c_str());
+  const auto shapes = std::span<const WeightShape>(kLlama3Shapes).first(4);  // not lm_head
+  const int64_t rows[] = {1, 8, 32, 64, 100, 128, 228, 292, 356, 512, 2048, 8192};
+  const int64_t max_rows = 8192;
+  std::printf("%-8s %5s %9s %9s %9s %9s %8s %7s %8s %6s\n", "shape", "n", "bf16 us", "f8 us", "f8row us",
+              "f8row+fa", "quant us", "% copy", "TFLOP/s", "x");
+  for (const WeightShape& sh : shapes) {
+    const WeightCopies wc = weight_copies(be, DType::kBF16, sh.m, sh.k, 100);
+    Buf x(be, static_cast<size_t>(max_rows * sh.k) * 2), o(be, static_cast<size_t>(max_rows * sh.m) * 2);
+    f8.set_shape(sh.m, sh.k, max_rows);
+    for (int64_t n : rows) {
+      Tensor xt(x.p, DType::kBF16, {n, sh.k}, Device::kCuda), ot(o.p, DType::kBF16, {n, sh.m}, Device::kCuda);
+      be.fill_uniform(xt, 7, -2.0f, 2.0f);
+      be.synchronize();
+      const double bf16 = matmul_over_copies_us(be, xt, wc, ot);
+      int a0 = 0, a1 = 0, a2 = 0;
+      std::string w0, w1, w2;
+      const double scalar = f8.gemm_us(n, false, false, &a0, &w0);
+      const double rowwise = f8.gemm_us(n, true, false, &a1, &w1);
+      const double fast = f8.gemm_us(n, true, true, &a2, &w2);
+      const double quant = f8.quantize_us(n);
+      const double best = rowwise > 0 ? rowwise : scalar;
+      const double gbs = static_cast<double>(f8.weight_bytes()) / best / 1e3;
+      std::printf("%-8s %5lld %9.1f %9.1f %9.1f %9.1f %8.1f %6.1f%% %8.1f %6.2f  (candidates %d/%d/%d)\n", sh.name,
+                  static_cast<long long>(n), bf16, scalar, rowwise, fast, quant, 100.0 * gbs / copy_gbs,
+                  2.0 * n * sh.m * sh.k / best / 1e6, bf16 / (best + quant), a0, a1, a2);
+      for (const std::string* w : {&w0, &w1, &w2}) {
+        if (!w->empty() && n == rows[0]) std::printf("  (no time: %s)\n", w->c_str());
+      }
+      std::fflush(stdout);
+    }
+  }
+}
+
 // gemm-small-add (file comment): the projections that add into the
 // residual (o and down) at serving's decode batch sizes, each n timed as
 // matmul (out written, beta 0) and as matmul_add (the residual updated in
@@ -514,6 +562,7 @@ int main(int argc, char** argv) {
       {"gemm-mid", gemm_mid_sweep},
       {"gemm-small-quant", gemm_small_quant_sweep},
       {"gemm-small-add", gemm_small_add_sweep},
+      {"gemm-fp8", gemm_fp8_sweep},
       {"sampler", sampler_sweep}};
   for (const auto& [name, sweep] : sweeps) {
     if (argc > 1 && std::strcmp(argv[1], name) == 0) {
