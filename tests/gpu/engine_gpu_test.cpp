@@ -174,16 +174,20 @@ TEST(ExecutorGpu, GraphReplayEqualsEagerStep) {
   EXPECT_EQ(exec->num_graphs(), 4);
 }
 
-TEST(ExecutorGpu, MatmulChoicesAndGraphsSettledBeforeServing) {
-  // BF16 dummy weights: the matmuls above GEMV sizes are cuBLASLt's, tuned
-  // per bucket of row counts on first use. initialize() must leave no
-  // bucket and no decode graph for the steps to settle.
+// BF16 dummy weights (or their FP8 conversion): the matmuls above GEMV
+// sizes are cuBLASLt's, tuned per bucket of row counts on first use, and
+// the FP8 ones quantise their input into scratch that only grows.
+// initialize() must leave no bucket, no scratch growth and no decode graph
+// for the steps to settle (a growth inside a capture would fail it).
+void check_settled_before_serving(const std::string& quantization) {
   ASSERT_GT(cuda::device_count(), 0) << "no CUDA device";
   auto be = cuda::make_cuda_backend(cuda::CudaBackendOptions{});
   ASSERT_NE(be, nullptr);
+  if (quantization == "fp8" && !be->supports_fp8_weights(DType::kBF16)) GTEST_SKIP() << "no FP8 tensor cores";
   const ops::Backend* backend = be.get();
   ModelLoadOptions load;
   load.load_format = "dummy";
+  load.quantization = quantization;
   auto model = Model::load("smollm2-135m", *be, load);
   ASSERT_TRUE(model.ok()) << model.status().to_string();
   constexpr int kSeqs = 8, kMaxTokens = 512;
@@ -220,6 +224,10 @@ TEST(ExecutorGpu, MatmulChoicesAndGraphsSettledBeforeServing) {
   EXPECT_EQ(exec->num_graphs(), graphs) << "a serving step captured a graph";
   EXPECT_GE(exec->num_graph_replays(), kSeqs);
 }
+
+TEST(ExecutorGpu, MatmulChoicesAndGraphsSettledBeforeServing) { check_settled_before_serving("none"); }
+
+TEST(ExecutorGpu, Fp8MatmulChoicesAndGraphsSettledBeforeServing) { check_settled_before_serving("fp8"); }
 
 TEST(ExecutorGpu, DeviceGreedyEqualsHostGreedyOverTheSameLogits) {
   REQUIRE_MODEL();

@@ -1,50 +1,20 @@
-// FP8 (E4M3) GEMMs through cuBLASLt at Llama-3-8B shapes, for two what-if
-// measurements (bench-only code: the backend has no FP8 path):
-// - gpu_op_bench gemm-fp8: each projection alone, against the BF16 path in
-//   the same run (Fp8GemmBench);
-// - model_bench --fp8-gemm: whole decode / mixed steps with the layers'
-//   projections run as FP8 GEMMs (Fp8Matmul), times only.
+// FP8 (E4M3) GEMMs through cuBLASLt at Llama-3-8B shapes on their own, for
+// gpu_op_bench gemm-fp8: each projection against the BF16 path in the same
+// run, with the scale modes the backend's FP8 path chose between (one scalar
+// a matrix, which it uses, and per-row / per-token vectors, OUTER_VEC_32F).
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <string>
-#include <tuple>
 
 namespace osprey::bench {
 
 // x [n, k] BF16 -> q [n, k] E4M3 with one scale a row (amax / 448; 1 for a
 // zero row), one block a row. k % 8 == 0, x and q 16-byte aligned.
 void quantize_rows_e4m3(const void* x, int64_t n, int64_t k, void* q, float* scale, cudaStream_t stream);
-
-// out [n, m] BF16 (= or += when accumulate) = x8 [n, k] @ w8 [m, k]^T, both
-// E4M3, times the first element of each scale vector (cuBLASLt's scalar
-// scales). One plan per (m, k, n, accumulate, rowwise): on first use outside
-// stream capture the heuristic's candidates are timed and the fastest kept;
-// inside a capture the heuristic's first is used.
-class Fp8Matmul {
- public:
-  Fp8Matmul();
-  ~Fp8Matmul();
-  Fp8Matmul(const Fp8Matmul&) = delete;
-  Fp8Matmul& operator=(const Fp8Matmul&) = delete;
-  // False when cuBLASLt has no candidate that runs (or the call fails).
-  bool run(const void* w8, const float* w_scale, int64_t m, int64_t k, const void* x8, const float* x_scale, int64_t n,
-           void* out, bool accumulate, cudaStream_t stream, bool rowwise = false);
-  // What the last failing run() reported (heuristic count, status).
-  const std::string& last_error() const { return err_; }
-
- private:
-  struct Plan;
-  Plan* plan(int64_t m, int64_t k, int64_t n, bool accumulate, bool rowwise, cudaStream_t stream, const void* w8,
-             const float* w_scale, const void* x8, const float* x_scale, void* out);
-  struct Impl;
-  std::unique_ptr<Impl> impl_;
-  std::string err_;
-};
 
 class Fp8GemmBench {
  public:

@@ -7,7 +7,7 @@
 //
 // Usage: model_bench [config name, default llama-3-8b] [dtype, default bfloat16] [--decode-only] [--ctx N]...
 //        [--ttft-reps N] [--ttft-gap-ms G] [--batch N]... [--pool-gb G] [--scatter] [--mixed P] [--profile-step]
-//        [--ctx-spread F] [--fp8-gemm]
+//        [--ctx-spread F] [--fp8]
 // --decode-only skips the TTFT and prefill breakdown (A/B runs of decode
 // switches such as OSPREY_CUDA_NO_PDL=1, which the header line echoes);
 // --ctx N (repeatable, 1..8192) replaces the decode contexts 512, 2048,
@@ -53,12 +53,8 @@
 // correct only if the GEMM waits on its dependencies, griddepcontrol.wait),
 // then replays both with new token ids each time, compares the first
 // logits rows bit for bit, and times both.
-// --fp8-gemm (a what-if, times only): the layers' projections run as FP8
-// (E4M3) GEMMs through cuBLASLt, each after a per-token quantisation of its
-// BF16 input, on E4M3 copies of the weights made at first use
-// (ProfilingBackend::enable_fp8); lm_head, attention and the small kernels
-// stay as they are. What FP8 weights and activations would give a step;
-// the backend has no FP8 path.
+// --fp8 loads the model with quantization fp8 (the layers' projections in
+// E4M3, FP8 GEMMs; bytes/step and MBU then count the E4M3 weights).
 // OSPREY_BENCH_SKIP=label[,label...] leaves those ops (breakdown labels,
 // e.g. rms_scale+silu_mul) out of every step: the time a fusion that
 // removed them could save at most.
@@ -79,7 +75,6 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_backend_impl.h"
 #include "model/model.h"
-#include "fp8_gemm.h"
 #include "ops/decode_order.h"
 
 namespace {
@@ -148,37 +143,15 @@ class ProfilingBackend final : public ops::Backend {
   }
   void matmul(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& o) override {
     const std::string label = "matmul " + std::to_string(w.dim(0)) + "x" + std::to_string(w.dim(1));
-    const bool f8 = !bias.defined() && fp8_eligible(x, w);
-    timed(label, [&] {
-      if (!f8 || !fp8_matmul(x, w, o, false)) b_.matmul(x, w, bias, o);
-    });
-    bytes_[label] = static_cast<double>(w.nbytes()) / (f8 ? 2 : 1);
+    timed(label, [&] { b_.matmul(x, w, bias, o); });
+    bytes_[label] = static_cast<double>(w.nbytes());
   }
   // Forwarded whole, so the model takes the inner backend's residual sequence.
   void matmul_add(const Tensor& x, const Tensor& w, Tensor& r, Tensor& s) override {
     const std::string label = "matmul+add " + std::to_string(w.dim(0)) + "x" + std::to_string(w.dim(1));
-    const bool f8 = fp8_eligible(x, w);
-    timed(label, [&] {
-      if (!f8 || !fp8_matmul(x, w, r, true)) b_.matmul_add(x, w, r, s);
-    });
-    bytes_[label] = static_cast<double>(w.nbytes()) / (f8 ? 2 : 1);
+    timed(label, [&] { b_.matmul_add(x, w, r, s); });
+    bytes_[label] = static_cast<double>(w.nbytes());
   }
-  // --fp8-gemm (what-if, times only): the layers' projections (BF16
-  // weights under 65,536 rows: not lm_head) run as E4M3 GEMMs through
-  // cuBLASLt on E4M3 copies of the weights made at first use (one scale a
-  // row; cuBLASLt applies the first as a scalar), each after a per-token
-  // quantisation of its BF16 input (bench/fp8_gemm.cu); the residual
-  // projections add in place (beta 1). The norm-fused GEMV ops are declined
-  // so that batch-1 steps take the same path.
-  void enable_fp8(int64_t max_rows, int64_t max_k) {
-    fp8_ = std::make_unique<bench::Fp8Matmul>();
-    fp8_x_cap_ = max_rows * max_k;
-    fp8_x_ = b_.alloc(static_cast<size_t>(fp8_x_cap_));
-    fp8_xs_ = static_cast<float*>(b_.alloc(static_cast<size_t>(max_rows) * sizeof(float)));
-    fp8_rows_cap_ = max_rows;
-  }
-  // BF16 bytes the E4M3 copies leave unread per step (half of each converted weight).
-  double fp8_saved_bytes() const { return fp8_saved_; }
   bool fuses_matmul_add(DType act) const override { return b_.fuses_matmul_add(act); }
   // Forwarded whole, so the model folds the norms as it would unprofiled.
   void rms_norm_matmul(const Tensor& x, const Tensor& nw, float eps, const Tensor& w, const Tensor& bias,
@@ -194,9 +167,10 @@ class ProfilingBackend final : public ops::Backend {
     timed(label, [&] { b_.rms_norm_matmul_silu_mul(x, nw, eps, w, normed, g, o); });
     bytes_[label] = static_cast<double>(w.nbytes());
   }
-  bool fuses_rms_norm_matmul(int64_t n, DType act) const override {
-    return !fp8_ && b_.fuses_rms_norm_matmul(n, act);
-  }
+  bool fuses_rms_norm_matmul(int64_t n, DType act) const override { return b_.fuses_rms_norm_matmul(n, act); }
+  // FP8 weights (--fp8): as the inner backend; the conversion runs at load, untimed.
+  bool supports_fp8_weights(DType act) const override { return b_.supports_fp8_weights(act); }
+  void quantize_weight_fp8(const Tensor& w, Tensor& q) override { b_.quantize_weight_fp8(w, q); }
   // Forwarded, so the model folds the norms as it would unprofiled.
   bool folds_norms(DType act) const override { return b_.folds_norms(act); }
   void scale_columns(Tensor& w, const Tensor& s) override { b_.scale_columns(w, s); }
@@ -282,46 +256,6 @@ class ProfilingBackend final : public ops::Backend {
     }();
     return std::find(skip.begin(), skip.end(), label) != skip.end();
   }
-  bool fp8_eligible(const Tensor& x, const Tensor& w) const {
-    return fp8_ && x.dtype() == DType::kBF16 && w.dtype() == DType::kBF16 && w.ndim() == 2 && x.ndim() == 2 &&
-           w.dim(0) < 65536 && w.dim(0) % 16 == 0 && w.dim(1) % 16 == 0 && x.dim(1) == w.dim(1) &&
-           x.dim(0) <= fp8_rows_cap_ && x.dim(0) * x.dim(1) <= fp8_x_cap_;
-  }
-  // x [n, k] @ w^T into out (+= when accumulate) as E4M3; false (the caller
-  // runs the BF16 op) when the weight has no copy yet inside a capture or
-  // cuBLASLt has no plan.
-  bool fp8_matmul(const Tensor& x, const Tensor& w, Tensor& out, bool accumulate) {
-    const int64_t m = w.dim(0), k = w.dim(1), n = x.dim(0);
-    auto it = fp8_w_.find(w.data());
-    if (it == fp8_w_.end()) {
-      cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-      CK(cudaStreamIsCapturing(stream_, &cs));
-      if (cs != cudaStreamCaptureStatusNone) return false;
-      Fp8Weight fw;
-      fw.q = b_.alloc(static_cast<size_t>(m * k));
-      fw.scale = static_cast<float*>(b_.alloc(static_cast<size_t>(m) * sizeof(float)));
-      bench::quantize_rows_e4m3(w.data(), m, k, fw.q, fw.scale, stream_);
-      fp8_saved_ += static_cast<double>(w.nbytes()) / 2;
-      it = fp8_w_.emplace(w.data(), fw).first;
-    }
-    bench::quantize_rows_e4m3(x.data(), n, k, fp8_x_, fp8_xs_, stream_);
-    if (fp8_->run(it->second.q, it->second.scale, m, k, fp8_x_, fp8_xs_, n, out.data(), accumulate, stream_))
-      return true;
-    std::fprintf(stderr, "fp8 GEMM %lldx%lld at n %lld: %s (BF16 instead)\n", static_cast<long long>(m),
-                 static_cast<long long>(k), static_cast<long long>(n), fp8_->last_error().c_str());
-    return false;
-  }
-  struct Fp8Weight {
-    void* q = nullptr;
-    float* scale = nullptr;
-  };
-  std::unique_ptr<bench::Fp8Matmul> fp8_;
-  std::map<const void*, Fp8Weight> fp8_w_;
-  void* fp8_x_ = nullptr;
-  float* fp8_xs_ = nullptr;
-  int64_t fp8_x_cap_ = 0, fp8_rows_cap_ = 0;
-  double fp8_saved_ = 0;
-
   ops::Backend& b_;
   cudaStream_t stream_;
   std::vector<cudaEvent_t> events_;
@@ -633,7 +567,7 @@ int main(int argc, char** argv) {
   bool profile_step = false;
   bool graph_edges = false;
   bool pdl_gemm = false;
-  bool fp8_gemm = false;
+  bool fp8 = false;
   // The value of option argv[i] (i advanced past it) if it is an integer in
   // [lo, hi]; otherwise a message and false.
   auto int_arg = [&](int& i, int lo, int hi, int& out) {
@@ -650,8 +584,8 @@ int main(int argc, char** argv) {
       decode_only = true;
     } else if (a == "--pdl-gemm") {
       pdl_gemm = true;
-    } else if (a == "--fp8-gemm") {
-      fp8_gemm = true;
+    } else if (a == "--fp8") {
+      fp8 = true;
     } else if (a == "--graph-edges") {
       graph_edges = true;
     } else if (a == "--profile-step") {
@@ -736,6 +670,7 @@ int main(int argc, char** argv) {
   ModelLoadOptions o;
   o.load_format = "dummy";
   o.dtype = dtype;
+  if (fp8) o.quantization = "fp8";
   const auto t_load = std::chrono::steady_clock::now();
   auto model_or = Model::load(config, be, o);
   if (!model_or.ok()) {
@@ -774,11 +709,6 @@ int main(int argc, char** argv) {
   }
   const int max_batch = *std::max_element(batches.begin(), batches.end());
   model.reserve(std::max(prompt, max_batch + mixed), max_batch + 1);
-  if (fp8_gemm) {
-    be.enable_fp8(std::max(prompt, max_batch + mixed), std::max<int64_t>(c.hidden_size, c.intermediate_size));
-    std::printf("--fp8-gemm: the layers' projections as E4M3 GEMMs (cuBLASLt) after a per-token quantisation of "
-                "their inputs; times only (bytes/step and MBU count E4M3 layer weights)\n");
-  }
 
   // TTFT: one 2048-token prompt (forward incl. the last row's logits).
   if (!decode_only) {
@@ -844,7 +774,7 @@ int main(int argc, char** argv) {
         return median(t);
       };
       const double ms = time_ms([&] { model.forward(s.fb, kv); });
-      const double bytes = static_cast<double>(model.weight_bytes()) - embed_bytes - be.fp8_saved_bytes() +
+      const double bytes = static_cast<double>(model.weight_bytes()) - embed_bytes +
                            static_cast<double>(model.kv_bytes_per_token()) * ctx * batch;
       // The same step captured in a CUDA graph and replayed (no launch gaps).
       double gms = 0;
