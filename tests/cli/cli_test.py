@@ -70,6 +70,13 @@ rc, out, err = run(["detokenize", "--tokenizer", "default", "--ids", "[1, \"x\"]
 check(rc == 2 and "JSON array of integers" in err, "detokenize rejects non-integer ids")
 rc, out, err = run(["tokenize", "--tokenizer", "/nonexistent/tokenizer.json", "--text", "x"])
 check(rc == 1 and err.startswith("osprey:"), "tokenize reports a missing tokenizer")
+# --quantization: fp8 needs FP8 tensor cores (refused on the CPU before any
+# weight is made); an unknown kind is refused too.
+rc, out, err = run(["generate", "--model", "default", "--prompt", "hi", "--max-tokens", "1", "--quantization", "fp8"])
+check(rc == 1 and "quantization fp8 needs FP8 tensor cores" in err and "compute capability 8.9" in err,
+      f"generate refuses --quantization fp8 on the CPU: rc={rc} {err.strip()[-200:]}")
+rc, out, err = run(["generate", "--model", "default", "--prompt", "hi", "--max-tokens", "1", "--quantization", "int3"])
+check(rc == 1 and "none or fp8" in err, f"generate refuses an unknown --quantization: rc={rc} {err.strip()[-200:]}")
 rc, out, err = run(["info", "--model", "default"])
 check(rc == 0 and "architecture:    llama" in out and "134515008" in out, "info on the default model")
 
