@@ -2,9 +2,10 @@
 // quantize_weight_fp8 against the host recipe bit for bit (codes and
 // scale); matmul and matmul_add on F8_E4M3 weights against a double
 // reference of the same quantised operands (the input quantised by the
-// host recipe too), eager and replayed from a captured graph on new inputs
-// (the input's scale is computed on the device per call); and the errors
-// for what the path does not take.
+// host recipe too; one row: the FP8 GEMV on the 16-bit row), eager and
+// replayed from a captured graph on new inputs (the input's scale is
+// computed on the device per call); and the errors for what the path does
+// not take.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -77,12 +78,16 @@ TEST_F(Fp8MatmulTest, WeightQuantisationMatchesTheHostRecipeBitForBit) {
 }
 
 // out = (e4m3(x) . e4m3(w)) * sx * sw (+ residual) in double, from the host
-// recipe's codes of x [n, k] and w [m, k] (both BF16 values).
+// recipe's codes of x [n, k] and w [m, k] (both BF16 values); with
+// quantize_x false (one row: the FP8 GEMV) x's own values and sx = 1.
 std::vector<double> fp8_reference(ops::Backend& cpu, const std::vector<uint16_t>& x16, const std::vector<uint16_t>& w16,
-                                  int64_t n, int64_t m, int64_t k, const std::vector<float>* residual) {
-  const HostFp8 xq = host_fp8(cpu, x16, n, k), wq = host_fp8(cpu, w16, m, k);
+                                  int64_t n, int64_t m, int64_t k, const std::vector<float>* residual,
+                                  bool quantize_x = true) {
+  HostFp8 xq = host_fp8(cpu, x16, n, k);
+  const HostFp8 wq = host_fp8(cpu, w16, m, k);
   std::vector<double> xd(static_cast<size_t>(n * k)), wd(static_cast<size_t>(m * k));
-  for (size_t i = 0; i < xd.size(); ++i) xd[i] = f8e4m3_to_f32(xq.bytes[i]);
+  for (size_t i = 0; i < xd.size(); ++i) xd[i] = quantize_x ? f8e4m3_to_f32(xq.bytes[i]) : bf16_to_f32(x16[i]);
+  if (!quantize_x) xq.scale = 1.0f;
   for (size_t i = 0; i < wd.size(); ++i) wd[i] = f8e4m3_to_f32(wq.bytes[i]);
   std::vector<double> ref(static_cast<size_t>(n * m));
   for (int64_t i = 0; i < n; ++i) {
@@ -117,7 +122,9 @@ TEST_F(Fp8MatmulTest, MatmulAndMatmulAddMatchTheQuantisedReference) {
       Tensor ot(out.get(), DType::kBF16, {n, m}, Device::kCuda);
       gpu().matmul(xt, wt, Tensor(), ot);
       const auto got = from_bf16(download<uint16_t>(gpu(), out, static_cast<size_t>(n * m)));
-      const auto ref = fp8_reference(cpu(), x16, w16, n, m, k, nullptr);
+      // One row takes the FP8 GEMV, which multiplies the unquantised 16-bit row.
+      const bool qx = n > 1;
+      const auto ref = fp8_reference(cpu(), x16, w16, n, m, k, nullptr, qx);
       const std::string tag = "n=" + std::to_string(n) + " m=" + std::to_string(m) + " k=" + std::to_string(k);
       expect_close(got, ref, kFp8Nmse, kFp8MaxRel, "matmul " + tag);
 
@@ -128,7 +135,8 @@ TEST_F(Fp8MatmulTest, MatmulAndMatmulAddMatchTheQuantisedReference) {
       Tensor rt(res.get(), DType::kBF16, {n, m}, Device::kCuda), scratch;
       gpu().matmul_add(xt, wt, rt, scratch);
       const auto got_add = from_bf16(download<uint16_t>(gpu(), res, static_cast<size_t>(n * m)));
-      expect_close(got_add, fp8_reference(cpu(), x16, w16, n, m, k, &r), kFp8Nmse, kFp8MaxRel, "matmul_add " + tag);
+      expect_close(got_add, fp8_reference(cpu(), x16, w16, n, m, k, &r, qx), kFp8Nmse, kFp8MaxRel,
+                   "matmul_add " + tag);
     }
   }
 }

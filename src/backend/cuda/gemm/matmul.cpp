@@ -473,6 +473,9 @@ void CudaBackend::matmul_fp8(const Tensor& x, const Tensor& w, const float* b, T
                     << dtype_name(xt) << " -> " << dtype_name(ot));
   OSP_CHECK_MSG(k % 16 == 0 && m % 16 == 0, "F8_E4M3 weights need rows and columns in multiples of 16, got " << m
                                                                                                          << " x " << k);
+  const auto* w_scale = reinterpret_cast<const float*>(static_cast<const char*>(w.data()) + fp8_scale_offset(m, k));
+  // One row: the own GEMV on the 16-bit row (weight-read bound; no input quantisation).
+  if (n == 1 && launch_gemv_fp8(w.data(), m, k, w_scale, xt, x.data(), b, ot, out.data(), add_to_out, stream_)) return;
   // Scratch: the quantised x (n * k bytes, 256-aligned end), then the amax
   // partials, then x's scale. Grows only (the engine's warm-up sizes it
   // before graphs are captured).
@@ -484,7 +487,6 @@ void CudaBackend::matmul_fp8(const Tensor& x, const Tensor& w, const float* b, T
   float* x_scale = partials + (parts + 63) / 64 * 64;
   launch_fp8_quantize(xt, x.data(), count, partials, reinterpret_cast<uint8_t*>(s), x_scale, stream_);
   if (b) launch_fill_rows(b, n, m, ot, out.data(), m, stream_);
-  const auto* w_scale = reinterpret_cast<const float*>(static_cast<const char*>(w.data()) + fp8_scale_offset(m, k));
   lt_gemm(w.data(), s, n, m, k, ot, out.data(), m, b != nullptr || add_to_out, DType::kF8E4M3, w_scale, x_scale);
 }
 
