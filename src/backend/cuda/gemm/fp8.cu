@@ -22,7 +22,6 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kMaxParts = 1024;
-constexpr float kE4M3Max = 448.0f;
 
 __device__ __forceinline__ float block_max(float v, float* red) {
 #pragma unroll
@@ -78,8 +77,8 @@ __global__ void __launch_bounds__(kThreads)
   for (int i = threadIdx.x; i < parts; i += kThreads) m = fmaxf(m, partials[i]);
   const float amax = block_max(m, red);
   // The host recipe's two fp32 divisions (ops/fp8_quant.cpp), IEEE-rounded.
-  const float inv = amax > 0.0f ? __fdiv_rn(kE4M3Max, amax) : 1.0f;
-  if (blockIdx.x == 0 && threadIdx.x == 0) *scale_out = amax > 0.0f ? __fdiv_rn(amax, kE4M3Max) : 1.0f;
+  const float inv = amax > 0.0f ? __fdiv_rn(kF8E4M3Max, amax) : 1.0f;
+  if (blockIdx.x == 0 && threadIdx.x == 0) *scale_out = amax > 0.0f ? __fdiv_rn(amax, kF8E4M3Max) : 1.0f;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
   if constexpr (kVec) {
     for (int64_t g = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; g < count / 8; g += stride) {
