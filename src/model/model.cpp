@@ -56,7 +56,6 @@ struct Model::Impl {
   // then point at unit_norm (ones, for the GEMV-size steps' rms_norm_matmul*).
   bool folded_norms = false;
   Tensor unit_norm;  // [d] F32 ones, when folded_norms
-  bool fp8 = false;  // the layers' projections are F8_E4M3 (quantize_fp8)
   std::vector<float> inv_freq_host;
   float* inv_freq = nullptr;  // on the backend's device
   ops::RopeTable rope;
@@ -383,9 +382,10 @@ Status Model::fold_norms(Impl& m, ops::Backend& be, DType act, int64_t d) {
 // would read the raw residual, whose rows' magnitudes differ by orders
 // between tokens, and one FP8 scale for all of them would leave the small
 // rows few significant bits; the normed rows the unfolded sequence
-// quantises are all of RMS ~1.
-Status Model::quantize_fp8(Impl& m, ops::Backend& be, DType act) {
-  (void)act;
+// quantises are all of RMS ~1. The fused norm ops keep being asked for at
+// GEMV-size steps: a backend runs them as rms_norm + matmul on weights its
+// fused kernels do not read (the CUDA ones read 16-bit weights).
+Status Model::quantize_fp8(Impl& m, ops::Backend& be) {
   for (LayerWeights& L : m.layers) {
     for (Tensor* w : {&L.w_qkv, &L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate_up, &L.w_down}) {
       if (!w->defined()) continue;
@@ -413,7 +413,6 @@ Status Model::quantize_fp8(Impl& m, ops::Backend& be, DType act) {
       *w = q;
     }
   }
-  m.fp8 = true;
   return {};
 }
 
@@ -535,7 +534,7 @@ Expected<std::unique_ptr<Model>> Model::load(const std::string& path, ops::Backe
   }
   OSP_RETURN_IF_ERROR(b.status());
   if (fp8) {
-    OSP_RETURN_IF_ERROR(quantize_fp8(m, backend, act));  // instead of the norm fold: see quantize_fp8
+    OSP_RETURN_IF_ERROR(quantize_fp8(m, backend));  // instead of the norm fold: see quantize_fp8
   } else {
     OSP_RETURN_IF_ERROR(fold_norms(m, backend, act, d));
   }
@@ -654,8 +653,7 @@ Tensor Model::forward(const ForwardBatch& batch, KvCache& kv) {
   // into the projection that reads them (CUDA GEMV rows, 16-bit): norm + qkv
   // and norm + gate/up are one op each (normed left unwritten; the normed
   // rows rounded to the activation dtype as rms_norm rounds them).
-  // (Not with FP8 weights: the fused GEMVs read 16-bit ones.)
-  const bool fused_norm = fused_resid && !m.fp8 && be.fuses_rms_norm_matmul(n, act_dtype_);
+  const bool fused_norm = fused_resid && be.fuses_rms_norm_matmul(n, act_dtype_);
   // Norm weights folded into w_qkv / w_gate_up (fold_norms): at the other
   // steps the projections read resid itself and the ops reading their
   // products scale each row by 1 / rms(resid row): no norm pass.

@@ -35,8 +35,9 @@ struct ModelLoadOptions {
   // Seed of the dummy weights.
   uint64_t dummy_seed = 0;
   // "none" / "" or "fp8" (EngineConfig::quantization): the layers'
-  // projections converted at load (Backend::quantize_weight_fp8), after the
-  // norm fold; needs Backend::supports_fp8_weights and float weights.
+  // projections converted at load (Backend::quantize_weight_fp8), the norms
+  // then not folded into them; needs Backend::supports_fp8_weights and float
+  // weights.
   std::string quantization = "none";
 };
 
@@ -93,7 +94,7 @@ class Model {
   Model();
   struct Impl;
   static Status fold_norms(Impl& m, ops::Backend& be, DType act, int64_t d);
-  static Status quantize_fp8(Impl& m, ops::Backend& be, DType act);
+  static Status quantize_fp8(Impl& m, ops::Backend& be);
   std::unique_ptr<Impl> impl_;
   ModelConfig config_;
   ops::Backend* backend_ = nullptr;

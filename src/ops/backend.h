@@ -205,8 +205,8 @@ class Backend {
   // dynamic scale (the same recipe as quantize_weight_fp8 over the whole
   // input) and runs the product on FP8 tensor cores with fp32 accumulation,
   // times s * the input's scale, out in act. The fused rms_norm_matmul* /
-  // matmul_silu_mul ops are not given such weights (the model asks for the
-  // two-op sequences instead). Default: false.
+  // matmul_silu_mul ops take them too, as their two-op sequences where the
+  // fused kernels read only 16-bit weights (CUDA). Default: false.
   virtual bool supports_fp8_weights(DType act) const {
     (void)act;
     return false;
@@ -218,6 +218,9 @@ class Backend {
   // fp8_scale_offset(m, k). Non-finite values in w are an error. This
   // default: host memory (the reference the CUDA kernels are tested against).
   virtual void quantize_weight_fp8(const Tensor& w, Tensor& q);
+  // The dtype and shape checks every quantize_weight_fp8 makes (w F32, F16
+  // or BF16 [m, k]; q F8_E4M3 of the same shape): aborts with the reason.
+  static void check_quantize_weight_fp8_args(const Tensor& w, const Tensor& q);
   // qkv_rope_kv_write of qkv with each row t first multiplied by inv_t of
   // x[t, :] (x_eps), plus qkv_bias [cols] F32 where defined, and rounded to
   // qkv's dtype: the values a projection of rms_norm(x) with that bias

@@ -10,13 +10,17 @@
 
 namespace osprey::ops {
 
-void Backend::quantize_weight_fp8(const Tensor& w, Tensor& q) {
-  OSP_CHECK_MSG(w.device() == Device::kCpu && q.device() == Device::kCpu,
-                "quantize_weight_fp8: this backend's default takes host tensors");
+void Backend::check_quantize_weight_fp8_args(const Tensor& w, const Tensor& q) {
   OSP_CHECK_MSG(w.dtype() == DType::kF32 || w.dtype() == DType::kF16 || w.dtype() == DType::kBF16,
                 "quantize_weight_fp8: w must be F32, F16 or BF16, got " << dtype_name(w.dtype()));
   OSP_CHECK_MSG(q.dtype() == DType::kF8E4M3, "quantize_weight_fp8: q must be F8_E4M3");
   OSP_CHECK(w.ndim() == 2 && q.ndim() == 2 && w.dim(0) == q.dim(0) && w.dim(1) == q.dim(1));
+}
+
+void Backend::quantize_weight_fp8(const Tensor& w, Tensor& q) {
+  OSP_CHECK_MSG(w.device() == Device::kCpu && q.device() == Device::kCpu,
+                "quantize_weight_fp8: this backend's default takes host tensors");
+  check_quantize_weight_fp8_args(w, q);
   const int64_t m = w.rows(), k = w.cols();
   std::vector<float> row(static_cast<size_t>(k));
   float amax = 0.0f;

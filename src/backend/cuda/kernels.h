@@ -146,12 +146,12 @@ void launch_fp8_quantize(DType t, const void* x, int64_t count, float* partials,
                          cudaStream_t stream);
 // One activation row on E4M3 weights: out[j] = s * dot(x, e4m3(w row j))
 // (+ bias[j]) (+ out[j] when accumulate) for j < m, s = *w_scale, x [k] and
-// out [m] of x_dtype (BF16 or F16; x not quantised), fp32 dot, one rounding.
+// out [m] both of x_dtype (BF16 or F16; x not quantised), fp32 dot, one rounding.
 // w [m, k] rows k bytes apart, 16-byte aligned, k % 16 == 0. false (nothing
 // launched) where that does not hold or OSPREY_FP8_GEMV=0 (read once;
 // cuBLASLt's FP8 GEMM on the quantised row then). launch_pdl.
 bool launch_gemv_fp8(const void* w, int64_t m, int64_t k, const float* w_scale, DType x_dtype, const void* x,
-                     const float* bias, DType out_dtype, void* out, bool accumulate, cudaStream_t stream);
+                     const float* bias, void* out, bool accumulate, cudaStream_t stream);
 
 // Rows handled per GEMV pass: larger n runs in passes of this many rows.
 constexpr int kGemvRowsPerPass = 8;

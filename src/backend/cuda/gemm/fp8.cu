@@ -10,6 +10,7 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_common.cuh"
@@ -146,10 +147,10 @@ __device__ __forceinline__ float dot16(uint4 wq, const XT* x) {
   return s;
 }
 
-template <class XT, class OT>
+template <class XT>
 __global__ void __launch_bounds__(kGemvWarps * 32)
     gemv_fp8_kernel(const uint8_t* __restrict__ w, int64_t m, int64_t k, const float* __restrict__ w_scale,
-                    const XT* __restrict__ x, const float* __restrict__ bias, OT* __restrict__ out, bool accumulate) {
+                    const XT* __restrict__ x, const float* __restrict__ bias, XT* __restrict__ out, bool accumulate) {
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5);
   const bool valid = row < m;
@@ -183,27 +184,27 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
   if (lane == 0) {
     float v = sum * *w_scale + (bias ? bias[row] : 0.0f);
     if (accumulate) v += to_float(out[row]);
-    out[row] = from_float<OT>(v);
+    out[row] = from_float<XT>(v);
   }
 }
-
-}  // namespace
 
 bool fp8_gemv_enabled() {
   static const bool off = env_equals("OSPREY_FP8_GEMV", "0");
   return !off;
 }
 
+}  // namespace
+
 bool launch_gemv_fp8(const void* w, int64_t m, int64_t k, const float* w_scale, DType x_dtype, const void* x,
-                     const float* bias, DType out_dtype, void* out, bool accumulate, cudaStream_t stream) {
+                     const float* bias, void* out, bool accumulate, cudaStream_t stream) {
   const bool a16 = x_dtype == DType::kBF16 || x_dtype == DType::kF16;
-  if (!fp8_gemv_enabled() || !a16 || out_dtype != x_dtype || m <= 0 || k <= 0 || k % 16 != 0 || !aligned16(w) ||
+  if (!fp8_gemv_enabled() || !a16 || m <= 0 || k <= 0 || k % 16 != 0 || !aligned16(w) ||
       !aligned16(x) || ceil_div(m, kGemvWarps) > int64_t{2147483647})
     return false;
   const dim3 grid(static_cast<unsigned>(ceil_div(m, kGemvWarps)));
   const auto* wp = static_cast<const uint8_t*>(w);
   OSP_DISPATCH_16(x_dtype, XT,
-                  launch_pdl(gemv_fp8_kernel<XT, XT>, grid, dim3(kGemvWarps * 32), 0, stream, wp, m, k, w_scale,
+                  launch_pdl(gemv_fp8_kernel<XT>, grid, dim3(kGemvWarps * 32), 0, stream, wp, m, k, w_scale,
                              static_cast<const XT*>(x), bias, static_cast<XT*>(out), accumulate));
   return true;
 }
@@ -223,14 +224,16 @@ void launch_fp8_quantize(DType t, const void* x, int64_t count, float* partials,
   const unsigned qgrid = static_cast<unsigned>(std::clamp<int64_t>(ceil_div(std::max<int64_t>(count, 1), kThreads * 8), 1, 4096));
   OSP_DISPATCH_ACT(t, T, {
     const T* xp = static_cast<const T*>(x);
+    auto launch = [&](auto vec_tag) {
+      constexpr bool kVec = decltype(vec_tag)::value;
+      launch_pdl(amax_partials_kernel<T, kVec>, dim3(parts), dim3(kThreads), 0, stream, xp, count, partials);
+      launch_pdl(quantize_e4m3_kernel<T, kVec>, dim3(qgrid), dim3(kThreads), 0, stream, xp, count,
+                 static_cast<const float*>(partials), parts, q, scale_out);
+    };
     if (vec) {
-      launch_pdl(amax_partials_kernel<T, true>, dim3(parts), dim3(kThreads), 0, stream, xp, count, partials);
-      launch_pdl(quantize_e4m3_kernel<T, true>, dim3(qgrid), dim3(kThreads), 0, stream, xp, count,
-                 static_cast<const float*>(partials), parts, q, scale_out);
+      launch(std::true_type{});
     } else {
-      launch_pdl(amax_partials_kernel<T, false>, dim3(parts), dim3(kThreads), 0, stream, xp, count, partials);
-      launch_pdl(quantize_e4m3_kernel<T, false>, dim3(qgrid), dim3(kThreads), 0, stream, xp, count,
-                 static_cast<const float*>(partials), parts, q, scale_out);
+      launch(std::false_type{});
     }
   });
 }

@@ -475,7 +475,7 @@ void CudaBackend::matmul_fp8(const Tensor& x, const Tensor& w, const float* b, T
                                                                                                          << " x " << k);
   const auto* w_scale = reinterpret_cast<const float*>(static_cast<const char*>(w.data()) + fp8_scale_offset(m, k));
   // One row: the own GEMV on the 16-bit row (weight-read bound; no input quantisation).
-  if (n == 1 && launch_gemv_fp8(w.data(), m, k, w_scale, xt, x.data(), b, ot, out.data(), add_to_out, stream_)) return;
+  if (n == 1 && launch_gemv_fp8(w.data(), m, k, w_scale, xt, x.data(), b, out.data(), add_to_out, stream_)) return;
   // Scratch: the quantised x (n * k bytes, 256-aligned end), then the amax
   // partials, then x's scale. Grows only (the engine's warm-up sizes it
   // before graphs are captured).
@@ -495,10 +495,7 @@ bool CudaBackend::supports_fp8_weights(DType act) const { return is_16bit(act) &
 void CudaBackend::quantize_weight_fp8(const Tensor& w, Tensor& q) {
   OSP_CHECK_MSG(w.device() == Device::kCuda && q.device() == Device::kCuda,
                 "quantize_weight_fp8: tensors must be in CUDA device memory");
-  OSP_CHECK_MSG(w.dtype() == DType::kF32 || w.dtype() == DType::kF16 || w.dtype() == DType::kBF16,
-                "quantize_weight_fp8: w must be F32, F16 or BF16, got " << dtype_name(w.dtype()));
-  OSP_CHECK_MSG(q.dtype() == DType::kF8E4M3, "quantize_weight_fp8: q must be F8_E4M3");
-  OSP_CHECK(w.ndim() == 2 && q.ndim() == 2 && w.dim(0) == q.dim(0) && w.dim(1) == q.dim(1));
+  check_quantize_weight_fp8_args(w, q);
   const int64_t m = w.rows(), k = w.cols();
   bind_device();
   const int parts = fp8_amax_parts(m * k);
