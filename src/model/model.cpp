@@ -386,8 +386,12 @@ Status Model::fold_norms(Impl& m, ops::Backend& be, DType act, int64_t d) {
 // GEMV-size steps: a backend runs them as rms_norm + matmul on weights its
 // fused kernels do not read (the CUDA ones read 16-bit weights).
 Status Model::quantize_fp8(Impl& m, ops::Backend& be) {
-  for (LayerWeights& L : m.layers) {
-    for (Tensor* w : {&L.w_qkv, &L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate_up, &L.w_down}) {
+  for (size_t li = 0; li < m.layers.size(); ++li) {
+    LayerWeights& L = m.layers[li];
+    static constexpr const char* kNames[] = {"qkv", "q", "k", "v", "o", "gate_up", "down"};
+    Tensor* const ws[] = {&L.w_qkv, &L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate_up, &L.w_down};
+    for (size_t wi = 0; wi < std::size(ws); ++wi) {
+      Tensor* w = ws[wi];
       if (!w->defined()) continue;
       if (!is_float_dtype(w->dtype()) || w->device() == Device::kCpu) {
         return unsupported("quantization fp8 converts float weights on the device; this model's are " +
@@ -401,7 +405,11 @@ Status Model::quantize_fp8(Impl& m, ops::Backend& be) {
       if (!p) return resource_exhausted("out of device memory converting the weights to FP8");
       m.device_allocations.push_back(p);
       Tensor q(p, DType::kF8E4M3, {rows, cols}, be.device());
-      be.quantize_weight_fp8(*w, q);
+      const Status st = be.quantize_weight_fp8(*w, q);
+      if (!st.ok()) {
+        return invalid_argument("quantization fp8: layer " + std::to_string(li) + "'s " + kNames[wi] +
+                                " projection: " + st.message());
+      }
       be.synchronize();
       auto it = std::find(m.device_allocations.begin(), m.device_allocations.end(), w->data());
       if (it != m.device_allocations.end()) {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "osprey/status.h"
 
 namespace osprey::ops {
 
@@ -215,9 +216,10 @@ class Backend {
   // k] (F32, F16 or BF16): amax = max |w|, inv = 448 / amax and s = amax /
   // 448 in fp32 (inv = s = 1 for an all-zero w), q = e4m3(w * inv) rounded
   // to nearest even and saturated (f32_to_f8e4m3), s stored at
-  // fp8_scale_offset(m, k). Non-finite values in w are an error. This
+  // fp8_scale_offset(m, k). A non-finite value in w is returned as an
+  // invalid_argument error (q's contents are then unspecified). This
   // default: host memory (the reference the CUDA kernels are tested against).
-  virtual void quantize_weight_fp8(const Tensor& w, Tensor& q);
+  virtual Status quantize_weight_fp8(const Tensor& w, Tensor& q);
   // The dtype and shape checks every quantize_weight_fp8 makes (w F32, F16
   // or BF16 [m, k]; q F8_E4M3 of the same shape): aborts with the reason.
   static void check_quantize_weight_fp8_args(const Tensor& w, const Tensor& q);

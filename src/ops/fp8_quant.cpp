@@ -2,6 +2,7 @@
 // FP8 weights (ops/backend.h), on weights in host memory.
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "core/check.h"
@@ -17,7 +18,7 @@ void Backend::check_quantize_weight_fp8_args(const Tensor& w, const Tensor& q) {
   OSP_CHECK(w.ndim() == 2 && q.ndim() == 2 && w.dim(0) == q.dim(0) && w.dim(1) == q.dim(1));
 }
 
-void Backend::quantize_weight_fp8(const Tensor& w, Tensor& q) {
+Status Backend::quantize_weight_fp8(const Tensor& w, Tensor& q) {
   OSP_CHECK_MSG(w.device() == Device::kCpu && q.device() == Device::kCpu,
                 "quantize_weight_fp8: this backend's default takes host tensors");
   check_quantize_weight_fp8_args(w, q);
@@ -29,7 +30,7 @@ void Backend::quantize_weight_fp8(const Tensor& w, Tensor& q) {
   for (int64_t r = 0; r < m; ++r) {
     dequantize_row(w.dtype(), src + r * row_bytes, row.data(), k);
     for (float v : row) {
-      OSP_CHECK_MSG(std::isfinite(v), "quantize_weight_fp8: a non-finite weight in row " << r);
+      if (!std::isfinite(v)) return invalid_argument("a non-finite weight in row " + std::to_string(r));
       amax = std::fmax(amax, std::fabs(v));
     }
   }
@@ -41,6 +42,7 @@ void Backend::quantize_weight_fp8(const Tensor& w, Tensor& q) {
     for (int64_t i = 0; i < k; ++i) dst[r * k + i] = f32_to_f8e4m3(row[static_cast<size_t>(i)] * inv);
   }
   std::memcpy(dst + fp8_scale_offset(m, k), &scale, sizeof(scale));
+  return {};
 }
 
 }  // namespace osprey::ops

@@ -36,7 +36,7 @@ HostFp8 host_fp8(ops::Backend& cpu, const std::vector<uint16_t>& v, int64_t rows
   h.bytes.assign(static_cast<size_t>(fp8_weight_bytes(rows, cols)), 0);
   Tensor w(const_cast<uint16_t*>(v.data()), DType::kBF16, {rows, cols});
   Tensor q(h.bytes.data(), DType::kF8E4M3, {rows, cols});
-  cpu.quantize_weight_fp8(w, q);
+  EXPECT_TRUE(cpu.quantize_weight_fp8(w, q).ok());
   std::memcpy(&h.scale, h.bytes.data() + fp8_scale_offset(rows, cols), sizeof(float));
   return h;
 }
@@ -47,7 +47,7 @@ DeviceMem device_fp8(ops::Backend& be, const std::vector<uint16_t>& w16, int64_t
   DeviceMem q(be, static_cast<size_t>(fp8_weight_bytes(m, k)));
   Tensor wt(w.get(), DType::kBF16, {m, k}, Device::kCuda);
   Tensor qt(q.get(), DType::kF8E4M3, {m, k}, Device::kCuda);
-  be.quantize_weight_fp8(wt, qt);
+  EXPECT_TRUE(be.quantize_weight_fp8(wt, qt).ok());
   return q;
 }
 
@@ -185,10 +185,18 @@ TEST_F(Fp8MatmulTest, RejectsWhatThePathDoesNotTake) {
   DeviceMem x(gpu(), 4 * k * 4), out(gpu(), 4 * m * 4);
   Tensor x32(x.get(), DType::kF32, {4, k}, Device::kCuda), o32(out.get(), DType::kF32, {4, m}, Device::kCuda);
   EXPECT_DEATH(gpu().matmul(x32, wt, Tensor(), o32), "BF16 or F16 activations");
-  // A non-finite weight is an error at conversion.
-  auto bad = random_floats(static_cast<size_t>(m * k), 10);
-  bad[5] = INFINITY;
-  EXPECT_DEATH(device_fp8(gpu(), to_bf16(bad), m, k), "non-finite");
+  // A non-finite weight is an error at conversion (returned, no abort).
+  for (float v : {INFINITY, -INFINITY, NAN}) {
+    auto bad = random_floats(static_cast<size_t>(m * k), 10);
+    bad[static_cast<size_t>(m * k) - 5] = v;
+    DeviceMem w = upload(gpu(), to_bf16(bad));
+    DeviceMem q(gpu(), static_cast<size_t>(fp8_weight_bytes(m, k)));
+    Tensor bw(w.get(), DType::kBF16, {m, k}, Device::kCuda);
+    Tensor bq(q.get(), DType::kF8E4M3, {m, k}, Device::kCuda);
+    const Status st = gpu().quantize_weight_fp8(bw, bq);
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << v;
+    EXPECT_NE(st.message().find("non-finite"), std::string::npos) << st.message();
+  }
 }
 
 }  // namespace

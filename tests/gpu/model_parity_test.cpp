@@ -4,6 +4,8 @@
 // prefill == whole prefill, batched == alone, (when a copy is present) the
 // default SmolLM2 Q4_1 model against the CPU backend, and (when generated on
 // the device: OSPREY_GPU_PARITY_1B) a random model of llama-3.2-1b shapes.
+#include <unistd.h>
+
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -273,6 +275,42 @@ TEST_P(ModelParity, Fp8WeightsNearReference) {
   opt.fp8 = true;
   opt.print = true;
   check_case(c, *be, false, DType::kBF16, opt);
+}
+
+// A non-finite weight in a projection fails the FP8 load with an error that
+// names the matrix (no abort): llama_bf16 with one o_proj element set to NaN.
+TEST(Fp8Load, NonFiniteWeightIsAnError) {
+  if (harness_on_cpu()) GTEST_SKIP() << "FP8 weights need the CUDA backend";
+  auto be = make_backend(false);
+  ASSERT_NE(be, nullptr);
+  if (!be->supports_fp8_weights(DType::kBF16)) GTEST_SKIP() << "no FP8 tensor cores on this GPU";
+  const fs::path dir = fs::temp_directory_path() / ("osprey_fp8_nan_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::copy(fixtures_root() + "llama_bf16", dir);
+  const fs::path file = dir / "model.safetensors";
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  ASSERT_TRUE(f.good());
+  uint64_t header_len = 0;
+  f.read(reinterpret_cast<char*>(&header_len), 8);
+  std::string header(static_cast<size_t>(header_len), '\0');
+  f.read(header.data(), static_cast<std::streamsize>(header_len));
+  const auto h = nlohmann::json::parse(header);
+  const auto& t = h.at("model.layers.0.self_attn.o_proj.weight");
+  ASSERT_EQ(t.at("dtype"), "BF16");
+  const uint64_t at = 8 + header_len + t.at("data_offsets")[0].get<uint64_t>() + 2 * 37;
+  const uint16_t nan_bits = 0x7fc0;
+  f.seekp(static_cast<std::streamoff>(at));
+  f.write(reinterpret_cast<const char*>(&nan_bits), 2);
+  f.close();
+  auto m = load_model(dir.string(), *be, "bfloat16", "fp8");
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), StatusCode::kInvalidArgument);
+  const std::string msg = m.status().message();
+  EXPECT_NE(msg.find("layer 0's o projection"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("non-finite"), std::string::npos) << msg;
+  // Without FP8 the same file loads (the value is not checked there).
+  EXPECT_TRUE(load_model(dir.string(), *be, "bfloat16").ok());
+  fs::remove_all(dir);
 }
 
 // The 40-token prompt fed in chunks of 13, 1 and 26 tokens (earlier chunks'

@@ -75,7 +75,7 @@ class CudaBackend final : public ops::Backend {
   // One kernel, stream-ordered (elementwise/elementwise.cu).
   void scale_columns(Tensor& w, const Tensor& scale) override;
   bool supports_fp8_weights(DType act) const override;
-  void quantize_weight_fp8(const Tensor& w, Tensor& q) override;
+  Status quantize_weight_fp8(const Tensor& w, Tensor& q) override;
   // qkv_rope_kv_write's kernels with the row scale (rope/qkv_rope.cu).
   void rms_scaled_qkv_rope_kv_write(const Tensor& x, float x_eps, const Tensor& qkv, const Tensor& qkv_bias,
                                     const Tensor& q_norm, const Tensor& k_norm, float eps, const ops::RopeTable& rope,

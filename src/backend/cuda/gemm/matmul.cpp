@@ -492,7 +492,7 @@ void CudaBackend::matmul_fp8(const Tensor& x, const Tensor& w, const float* b, T
 
 bool CudaBackend::supports_fp8_weights(DType act) const { return is_16bit(act) && fp8_tensor_cores_; }
 
-void CudaBackend::quantize_weight_fp8(const Tensor& w, Tensor& q) {
+Status CudaBackend::quantize_weight_fp8(const Tensor& w, Tensor& q) {
   OSP_CHECK_MSG(w.device() == Device::kCuda && q.device() == Device::kCuda,
                 "quantize_weight_fp8: tensors must be in CUDA device memory");
   check_quantize_weight_fp8_args(w, q);
@@ -505,7 +505,9 @@ void CudaBackend::quantize_weight_fp8(const Tensor& w, Tensor& q) {
   float host_scale = 0.0f;
   OSP_CUDA_CHECK(cudaMemcpyAsync(&host_scale, scale, sizeof(float), cudaMemcpyDeviceToHost, stream_));
   OSP_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  OSP_CHECK_MSG(std::isfinite(host_scale), "quantize_weight_fp8: the weight holds a non-finite value");
+  // The scale is +inf when w holds a non-finite value (launch_fp8_quantize).
+  if (!std::isfinite(host_scale)) return invalid_argument("the weight holds a non-finite value");
+  return {};
 }
 
 namespace {
