@@ -152,6 +152,9 @@ void launch_fp8_quantize(DType t, const void* x, int64_t count, float* partials,
 // cuBLASLt's FP8 GEMM on the quantised row then). launch_pdl.
 bool launch_gemv_fp8(const void* w, int64_t m, int64_t k, const float* w_scale, DType x_dtype, const void* x,
                      const float* bias, void* out, bool accumulate, cudaStream_t stream);
+// False when OSPREY_FP8_GEMV=0 is set (read once): no batch-1 kernel on
+// E4M3 weights then (launch_gemv_fp8 and the folded-norm GEMVs decline).
+bool fp8_gemv_enabled();
 
 // Rows handled per GEMV pass: larger n runs in passes of this many rows.
 constexpr int kGemvRowsPerPass = 8;
@@ -184,7 +187,9 @@ bool launch_gemv_silu_mul(DType w_dtype, const void* w, int64_t row_bytes, int64
 // (n * k * 2 bytes a pass of kGemvRowsPerPass rows) and loops over tiles of
 // weight rows (persistent grid); no normed row goes to global memory. At
 // k <= 4096 bit for bit launch_rms_norm then launch_gemv. w [m, k] of
-// w_dtype (BF16 or F16, 16-byte aligned rows), x [n, k] and out [n, m] of
+// w_dtype (BF16 or F16, 16-byte aligned rows; or F8_E4M3 at n = 1 with its
+// scale at fp8_scale_offset(m, k), k % 16 == 0: bit for bit launch_rms_norm
+// then launch_gemv_fp8, and declined where that is), x [n, k] and out [n, m] of
 // act (BF16 or F16), g [k] F32, bias [m] F32 or null; x, g 16-byte aligned,
 // k % 8 == 0. False (nothing launched) where a dtype or alignment does not
 // fit or a pass's staged rows exceed the device's shared memory per block.
@@ -197,8 +202,10 @@ bool launch_gemv_rms_norm(DType w_dtype, const void* w, int64_t row_bytes, int64
 
 // launch_gemv_silu_mul with x RMS-normed first (as launch_gemv_rms_norm,
 // one row staged per block): out[j] = silu(gate_j) * up_j, gate_j / up_j =
-// dot(xn, w row) rounded to act. Same operand rules as both; false (nothing
-// launched) where they do not fit or OSPREY_FUSED_SILU=0.
+// dot(xn, w row) rounded to act. Same operand rules as both (F8_E4M3 w:
+// the scale at fp8_scale_offset(2 f, k), gate_j / up_j = s * dot rounded
+// to act, as launch_gemv_fp8 writes them); false (nothing launched) where
+// they do not fit or OSPREY_FUSED_SILU=0.
 bool launch_gemv_rms_norm_silu_mul(DType w_dtype, const void* w, int64_t row_bytes, int64_t f, int64_t k, DType act,
                                    const void* x, const float* g, float eps, void* out, int num_sms,
                                    cudaStream_t stream);

@@ -21,6 +21,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_common.cuh"
 #include "backend/cuda/device_query.h"
+#include "backend/cuda/gemm/e4m3.cuh"
 #include "backend/cuda/host_util.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/pdl.cuh"
@@ -74,13 +75,14 @@ constexpr int64_t kStep = 32 * 8;  // elements of one 16-byte chunk across the w
 // Batch-1 rows of F16/BF16 weights (16-byte aligned, k % 8 == 0): chunk c of
 // a lane covers elements lane * 8 + c * kStep + [0, 8). load_pre loads the
 // lane's first kPreChunks chunks raw (zero past k or for an invalid row):
-// the loads issued before pdl_wait().
-template <int kPreChunks>
+// the loads issued before pdl_wait(). kE: weights in a 16-byte chunk (8 for
+// F16/BF16; 16 for E4M3 rows, whose chunk c covers lane * 16 + c * 512 + [0, 16)).
+template <int kPreChunks, int kE = 8>
 __device__ __forceinline__ void load_pre(const char* wr, int64_t k, int lane, bool valid, uint4 (&pre)[kPreChunks]) {
 #pragma unroll
   for (int c = 0; c < kPreChunks; ++c) {
-    const int64_t idx = static_cast<int64_t>(lane) * 8 + c * kStep;
-    pre[c] = valid && idx < k ? reinterpret_cast<const uint4*>(wr)[idx / 8] : make_uint4(0, 0, 0, 0);
+    const int64_t idx = static_cast<int64_t>(lane) * kE + c * 32 * kE;
+    pre[c] = valid && idx < k ? reinterpret_cast<const uint4*>(wr)[idx / kE] : make_uint4(0, 0, 0, 0);
   }
 }
 
@@ -858,46 +860,59 @@ __device__ __forceinline__ void stage_norm_rows(const XT* __restrict__ x, int n,
   __syncthreads();
 }
 
+// Weights in one 16-byte chunk of a row of T (the folded-norm kernels'
+// F16/BF16 or F8_E4M3 rows).
+template <DType T>
+constexpr int kChunkElems = T == DType::kF8E4M3 ? 16 : 8;
+
+// acc[r] += the raw chunk's share against xs row r at element idx, r < n:
+// fma_rows8 for F16/BF16; for E4M3 the chunk's dot16_e4m3 added at once
+// (launch_gemv_fp8's order, so that its sums are the same).
+template <DType T, class XT, int kNR>
+__device__ __forceinline__ void fma_chunk(float (&acc)[kNR], uint4 raw, const XT* xs, int64_t k, int64_t idx, int n) {
+  if constexpr (T == DType::kF8E4M3) {
+#pragma unroll
+    for (int r = 0; r < kNR; ++r) {
+      if (r < n) acc[r] += dot16_e4m3<XT>(raw, xs + r * k + idx);
+    }
+  } else {
+    float wv[8];
+    unpack8<T>(raw, wv);
+    fma_rows8<XT, kNR>(acc, wv, xs, k, idx, n);
+  }
+}
+
 // acc[r] += the lane's share of dot(xs row r, weight row wr) for r < n: the
 // pre-loaded chunks first when kUsePre (a block's first tile), then kUnroll
 // chunks at a time, then the tail; products added in ascending chunk order
-// (gemv_kernel's order). A warp's 16-byte reads of xs are consecutive: no
-// bank conflicts.
+// (gemv_kernel's order; launch_gemv_fp8's for E4M3 rows). A warp's 16-byte
+// reads of xs are consecutive: no bank conflicts.
 template <DType T, class XT, int kNR, int kPreChunks, bool kUsePre>
 __device__ __forceinline__ void staged_dot(const char* wr, const uint4 (&pre)[kPreChunks], const XT* xs, int n,
                                            int64_t k, int lane, float (&acc)[kNR]) {
-  int64_t i = static_cast<int64_t>(lane) * 8;
+  constexpr int kE = kChunkElems<T>;
+  constexpr int64_t kStepT = 32 * kE;  // elements of one chunk across the warp
+  const uint4* w4 = reinterpret_cast<const uint4*>(wr);
+  int64_t i = static_cast<int64_t>(lane) * kE;
   if constexpr (kUsePre) {
 #pragma unroll
     for (int c = 0; c < kPreChunks; ++c) {
-      const int64_t idx = i + c * kStep;
-      if (idx < k) {
-        float wv[8];
-        unpack8<T>(pre[c], wv);
-        fma_rows8<XT, kNR>(acc, wv, xs, k, idx, n);
-      }
+      const int64_t idx = i + c * kStepT;
+      if (idx < k) fma_chunk<T, XT, kNR>(acc, pre[c], xs, k, idx, n);
     }
-    i += kPreChunks * kStep;
+    i += kPreChunks * kStepT;
   }
   // kUnroll raw 16-byte weight loads in flight, unpacked one chunk at a
   // time (16 registers, not 32: the batch-1 kernel stays at 64 without
   // spilling). Each acc[r] still gets its chunks in ascending order.
-  for (; i + (kUnroll - 1) * kStep < k; i += kUnroll * kStep) {
+  for (; i + (kUnroll - 1) * kStepT < k; i += kUnroll * kStepT) {
     uint4 raw[kUnroll];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) raw[u] = reinterpret_cast<const uint4*>(wr)[(i + u * kStep) / 8];
+    for (int u = 0; u < kUnroll; ++u) raw[u] = w4[(i + u * kStepT) / kE];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      float wv[8];
-      unpack8<T>(raw[u], wv);
-      fma_rows8<XT, kNR>(acc, wv, xs, k, i + u * kStep, n);
-    }
+    for (int u = 0; u < kUnroll; ++u) fma_chunk<T, XT, kNR>(acc, raw[u], xs, k, i + u * kStepT, n);
   }
-  for (; i < k; i += kStep) {
-    float wv[8];
-    load8<T>(wr, i, wv);
-    fma_rows8<XT, kNR>(acc, wv, xs, k, i, n);
-  }
+  for (; i < k; i += kStepT) fma_chunk<T, XT, kNR>(acc, w4[i / kE], xs, k, i, n);
 }
 
 // Chunks of the first tile's row a lane loads before pdl_wait (held across
@@ -908,10 +923,11 @@ template <int kNR>
 constexpr int kNormPreChunks = kNR == 1 ? 2 * kUnroll : kUnroll;
 
 // The dot and store of weight row `row` (< m) for the gemv_norm_kernel tile loop.
+// ws: the E4M3 matrix's scale (1 for 16-bit rows, unused).
 template <DType T, class XT, int kNR, bool kUsePre>
 __device__ __forceinline__ void norm_row(const char* __restrict__ w, int64_t row_bytes, int64_t m, int64_t k,
                                          int64_t row, const uint4 (&pre)[kNormPreChunks<kNR>], const XT* xs, int n,
-                                         int lane, const float* __restrict__ bias, XT* __restrict__ out) {
+                                         int lane, float ws, const float* __restrict__ bias, XT* __restrict__ out) {
   float acc[kNR];
 #pragma unroll
   for (int r = 0; r < kNR; ++r) acc[r] = 0.0f;
@@ -920,7 +936,9 @@ __device__ __forceinline__ void norm_row(const char* __restrict__ w, int64_t row
   for (int r = 0; r < kNR; ++r) {
     if (r < n) {
       const float s = warp_sum(acc[r]);
-      if (lane == 0) out[r * m + row] = from_float<XT>(s + (bias ? bias[row] : 0.0f));
+      const float b = bias ? bias[row] : 0.0f;
+      // E4M3: launch_gemv_fp8's epilogue (one explicit fma).
+      if (lane == 0) out[r * m + row] = from_float<XT>(T == DType::kF8E4M3 ? __fmaf_rn(s, ws, b) : s + b);
     }
   }
 }
@@ -934,8 +952,8 @@ __device__ __forceinline__ void norm_row(const char* __restrict__ w, int64_t row
 template <DType T, class XT, int kNR>
 __global__ void __launch_bounds__(kNormThreads, 2)
     gemv_norm_kernel(const char* __restrict__ w, int64_t row_bytes, int64_t m, int64_t k, const XT* __restrict__ x,
-                     int n, const float* __restrict__ g, float eps, const float* __restrict__ bias,
-                     XT* __restrict__ out) {
+                     int n, const float* __restrict__ g, float eps, const float* __restrict__ w_scale,
+                     const float* __restrict__ bias, XT* __restrict__ out) {
   extern __shared__ uint4 s_norm_dyn[];
   XT* xs = reinterpret_cast<XT*>(s_norm_dyn);
   const int lane = threadIdx.x & 31;
@@ -943,15 +961,16 @@ __global__ void __launch_bounds__(kNormThreads, 2)
   const int64_t tiles = (m + kNormWarps - 1) / kNormWarps;  // gridDim.x <= tiles
   const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kNormWarps + warp;
   uint4 pre[kNormPreChunks<kNR>];
-  load_pre(w + (row0 < m ? row0 : 0) * row_bytes, k, lane, row0 < m, pre);
+  load_pre<kNormPreChunks<kNR>, kChunkElems<T>>(w + (row0 < m ? row0 : 0) * row_bytes, k, lane, row0 < m, pre);
   prefetch_norm_weight(g, k);
+  const float ws = T == DType::kF8E4M3 ? *w_scale : 1.0f;  // weights: never written by the stream
   pdl_launch_dependents();
   pdl_wait();
   stage_norm_rows<XT, kNR>(x, n, k, g, eps, xs);
-  if (row0 < m) norm_row<T, XT, kNR, true>(w, row_bytes, m, k, row0, pre, xs, n, lane, bias, out);
+  if (row0 < m) norm_row<T, XT, kNR, true>(w, row_bytes, m, k, row0, pre, xs, n, lane, ws, bias, out);
   for (int64_t tile = blockIdx.x + static_cast<int64_t>(gridDim.x); tile < tiles; tile += gridDim.x) {
     const int64_t row = tile * kNormWarps + warp;
-    if (row < m) norm_row<T, XT, kNR, false>(w, row_bytes, m, k, row, pre, xs, n, lane, bias, out);
+    if (row < m) norm_row<T, XT, kNR, false>(w, row_bytes, m, k, row, pre, xs, n, lane, ws, bias, out);
   }
 }
 
@@ -966,7 +985,7 @@ constexpr int kNormGluCols = kNormWarps / 2;
 template <DType T, class XT, bool kUsePre>
 __device__ __forceinline__ void norm_silu_tile(const char* __restrict__ w, int64_t row_bytes, int64_t f, int64_t k,
                                                int64_t tile, const uint4 (&pre)[kNormPreChunks<1>], const XT* xs,
-                                               float (&s_gu)[2][kNormGluCols], XT* __restrict__ out) {
+                                               float ws, float (&s_gu)[2][kNormGluCols], XT* __restrict__ out) {
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int half = warp / kNormGluCols;  // 0: gate row, 1: up row
@@ -975,7 +994,9 @@ __device__ __forceinline__ void norm_silu_tile(const char* __restrict__ w, int64
     float acc[1] = {0.0f};
     staged_dot<T, XT, 1, kNormPreChunks<1>, kUsePre>(w + (j + half * f) * row_bytes, pre, xs, 1, k, lane, acc);
     const float s = warp_sum(acc[0]);
-    if (lane == 0) s_gu[half][warp % kNormGluCols] = to_float(from_float<XT>(s + 0.0f));
+    // As launch_gemv_fp8 (one explicit fma) / gemv_silu_mul_kernel writes them.
+    const float v = T == DType::kF8E4M3 ? __fmaf_rn(s, ws, 0.0f) : s + 0.0f;
+    if (lane == 0) s_gu[half][warp % kNormGluCols] = to_float(from_float<XT>(v));
   }
   __syncthreads();
   const int64_t jo = tile * kNormGluCols + threadIdx.x;
@@ -990,7 +1011,8 @@ __device__ __forceinline__ void norm_silu_tile(const char* __restrict__ w, int64
 template <DType T, class XT>
 __global__ void __launch_bounds__(kNormThreads, 2)
     gemv_norm_silu_mul_kernel(const char* __restrict__ w, int64_t row_bytes, int64_t f, int64_t k,
-                              const XT* __restrict__ x, const float* __restrict__ g, float eps, XT* __restrict__ out) {
+                              const XT* __restrict__ x, const float* __restrict__ g, float eps,
+                              const float* __restrict__ w_scale, XT* __restrict__ out) {
   extern __shared__ uint4 s_norm_dyn[];
   XT* xs = reinterpret_cast<XT*>(s_norm_dyn);
   __shared__ float s_gu[2][kNormGluCols];  // [gate, up][column in tile], rounded to XT
@@ -1000,24 +1022,44 @@ __global__ void __launch_bounds__(kNormThreads, 2)
   const int64_t tiles = (f + kNormGluCols - 1) / kNormGluCols;  // gridDim.x <= tiles
   const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kNormGluCols + warp % kNormGluCols;
   uint4 pre[kNormPreChunks<1>];
-  load_pre(w + (j0 < f ? j0 + half * f : 0) * row_bytes, k, lane, j0 < f, pre);
+  load_pre<kNormPreChunks<1>, kChunkElems<T>>(w + (j0 < f ? j0 + half * f : 0) * row_bytes, k, lane, j0 < f, pre);
   prefetch_norm_weight(g, k);
+  const float ws = T == DType::kF8E4M3 ? *w_scale : 1.0f;
   pdl_launch_dependents();
   pdl_wait();
   stage_norm_rows<XT, 1>(x, 1, k, g, eps, xs);
-  norm_silu_tile<T, XT, true>(w, row_bytes, f, k, blockIdx.x, pre, xs, s_gu, out);
+  norm_silu_tile<T, XT, true>(w, row_bytes, f, k, blockIdx.x, pre, xs, ws, s_gu, out);
   for (int64_t tile = blockIdx.x + static_cast<int64_t>(gridDim.x); tile < tiles; tile += gridDim.x)
-    norm_silu_tile<T, XT, false>(w, row_bytes, f, k, tile, pre, xs, s_gu, out);
+    norm_silu_tile<T, XT, false>(w, row_bytes, f, k, tile, pre, xs, ws, s_gu, out);
 }
 
 // The operands the folded-norm kernels take: F16/BF16 weights and
 // activations, 16-byte aligned rows, x and g, k % 8 == 0.
+// E4M3 rows (one activation row only: launch_gemv_fp8's batch) are dense
+// (row_bytes == k), k % 16 == 0, and taken unless OSPREY_FP8_GEMV=0.
 bool norm_fold_fits(DType w_dtype, const void* w, int64_t row_bytes, int64_t k, DType act, const void* x,
                     const float* g) {
   const bool w16 = w_dtype == DType::kBF16 || w_dtype == DType::kF16;
+  const bool w8 = w_dtype == DType::kF8E4M3 && row_bytes == k && k % 16 == 0 && fp8_gemv_enabled();
   const bool a16 = act == DType::kBF16 || act == DType::kF16;
-  return w16 && a16 && k > 0 && k % 8 == 0 && row_bytes % 16 == 0 && aligned16(w) && aligned16(x) && g != nullptr &&
-         aligned16(g);
+  return (w16 || w8) && a16 && k > 0 && k % 8 == 0 && row_bytes % 16 == 0 && aligned16(w) && aligned16(x) &&
+         g != nullptr && aligned16(g);
+}
+
+// Calls go(W tag, const XT* x) for the weight dtype of the folded-norm
+// kernels (F16, BF16 or F8_E4M3) and activation dtype act (F16 or BF16).
+template <class Go>
+void dispatch_norm_fold(DType w_dtype, DType act, const void* x, Go&& go) {
+  if (w_dtype != DType::kF8E4M3) {
+    dispatch16(w_dtype, act, x, go);
+    return;
+  }
+  using F8Tag = std::integral_constant<DType, DType::kF8E4M3>;
+  if (act == DType::kBF16) {
+    go(F8Tag{}, static_cast<const __nv_bfloat16*>(x));
+  } else {
+    go(F8Tag{}, static_cast<const __half*>(x));
+  }
 }
 
 // Largest dynamic shared memory a block of the staged kernels may take on
@@ -1071,12 +1113,15 @@ bool launch_gemv_rms_norm(DType w_dtype, const void* w, int64_t row_bytes, int64
                           const void* x, int64_t n, const float* g, float eps, const float* bias, void* out,
                           int num_sms, cudaStream_t stream) {
   if (!norm_fold_fits(w_dtype, w, row_bytes, k, act, x, g)) return false;
+  const bool fp8 = w_dtype == DType::kF8E4M3;
+  if (fp8 && n != 1) return false;  // launch_gemv_fp8's batch: cuBLASLt's FP8 GEMMs beyond
   // Staged rows of one pass must fit in shared memory.
   if (std::min<int64_t>(n, kN) * k * 2 > norm_stage_limit_bytes()) return false;
   if (n <= 0 || m <= 0) return true;
   const auto* wp = static_cast<const char*>(w);
+  const auto* w_scale = fp8 ? reinterpret_cast<const float*>(wp + fp8_scale_offset(m, k)) : nullptr;
   const int64_t tiles = ceil_div(m, int64_t{kNormWarps});
-  dispatch16(w_dtype, act, x, [&](auto wtag, auto* x0) {
+  dispatch_norm_fold(w_dtype, act, x, [&](auto wtag, auto* x0) {
     using XT = std::remove_const_t<std::remove_pointer_t<decltype(x0)>>;
     constexpr DType W = decltype(wtag)::value;
     for (int64_t r0 = 0; r0 < n; r0 += kN) {
@@ -1086,10 +1131,10 @@ bool launch_gemv_rms_norm(DType w_dtype, const void* w, int64_t row_bytes, int64
       const size_t smem = static_cast<size_t>(rows * k) * sizeof(XT);
       if (rows == 1) {
         launch_norm_kernel<gemv_norm_kernel<W, XT, 1>>(tiles, smem, num_sms, stream, wp, row_bytes, m, k, xp, rows, g,
-                                                       eps, bias, op);
-      } else {
+                                                       eps, w_scale, bias, op);
+      } else if constexpr (W != DType::kF8E4M3) {
         launch_norm_kernel<gemv_norm_kernel<W, XT, kN>>(tiles, smem, num_sms, stream, wp, row_bytes, m, k, xp, rows, g,
-                                                        eps, bias, op);
+                                                        eps, w_scale, bias, op);
       }
     }
   });
@@ -1103,13 +1148,15 @@ bool launch_gemv_rms_norm_silu_mul(DType w_dtype, const void* w, int64_t row_byt
       k * 2 > norm_stage_limit_bytes())
     return false;
   const auto* wp = static_cast<const char*>(w);
+  const auto* w_scale =
+      w_dtype == DType::kF8E4M3 ? reinterpret_cast<const float*>(wp + fp8_scale_offset(2 * f, k)) : nullptr;
   const int64_t tiles = ceil_div(f, int64_t{kNormGluCols});
   const size_t smem = static_cast<size_t>(k) * 2;  // one 16-bit row
-  dispatch16(w_dtype, act, x, [&](auto wtag, auto* xp) {
+  dispatch_norm_fold(w_dtype, act, x, [&](auto wtag, auto* xp) {
     using XT = std::remove_const_t<std::remove_pointer_t<decltype(xp)>>;
     constexpr DType W = decltype(wtag)::value;
     launch_norm_kernel<gemv_norm_silu_mul_kernel<W, XT>>(tiles, smem, num_sms, stream, wp, row_bytes, f, k, xp, g, eps,
-                                                         static_cast<XT*>(out));
+                                                         w_scale, static_cast<XT*>(out));
   });
   return true;
 }

@@ -583,14 +583,15 @@ namespace {
 
 // The operands the folded norm takes (anything else runs the two ops, whose
 // own checks report misuse): x [n, k] BF16/F16, norm_w [k] F32, w [rows, k]
-// BF16/F16, out [n, cols] of x's dtype, all in device memory.
+// BF16/F16 (or F8_E4M3: its folded kernels take one row, the launchers
+// decline more), out [n, cols] of x's dtype, all in device memory.
 bool norm_fold_operands(const Tensor& x, const Tensor& norm_w, const Tensor& w, const Tensor& out) {
   const auto on_device = [](const Tensor& t) { return t.defined() && t.device() == Device::kCuda; };
   return on_device(x) && on_device(norm_w) && on_device(w) && on_device(out) && x.ndim() == 2 &&
          (x.dtype() == DType::kBF16 || x.dtype() == DType::kF16) && norm_w.dtype() == DType::kF32 &&
          norm_w.numel() == x.cols() && w.ndim() == 2 && w.dim(1) == x.cols() &&
-         (w.dtype() == DType::kBF16 || w.dtype() == DType::kF16) && out.ndim() == 2 && out.rows() == x.rows() &&
-         out.dtype() == x.dtype();
+         (w.dtype() == DType::kBF16 || w.dtype() == DType::kF16 || w.dtype() == DType::kF8E4M3) && out.ndim() == 2 &&
+         out.rows() == x.rows() && out.dtype() == x.dtype();
 }
 
 }  // namespace
