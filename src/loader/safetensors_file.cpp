@@ -23,6 +23,7 @@ std::optional<DType> dtype_from_safetensors(std::string_view s) {
   if (s == "F32") return DType::kF32;
   if (s == "F16") return DType::kF16;
   if (s == "BF16") return DType::kBF16;
+  if (s == "F8_E4M3") return DType::kF8E4M3;  // FP8 checkpoints (one byte an element; scales are tensors of their own)
   if (s == "I32") return DType::kI32;
   if (s == "I64") return DType::kI64;
   if (s == "U8") return DType::kU8;

@@ -107,6 +107,11 @@ struct Part {
   DummyFill fill;
   int64_t rows = 0, cols = 0;  // vectors: rows = length, cols = 1
   DType dtype = DType::kF32;   // storage dtype of the source
+  // F8_E4M3 sources (FP8 checkpoints): the matrix's scale (w = scale *
+  // e4m3(code), its weight_scale tensor), and whether the part may stay
+  // FP8 on the device (a layer projection) rather than be dequantised.
+  float fp8_scale = 1.0f;
+  bool fp8_ok = false;
 };
 
 // Finds, checks and places weights on the backend. Matrices of float dtypes
@@ -144,8 +149,11 @@ class WeightBuilder {
     return true;
   }
 
-  // A matrix [rows, cols] source, checked; nullopt (and maybe an error) when absent.
-  std::optional<Part> matrix_part(const std::string& name, int64_t rows, int64_t cols, bool required = true) {
+  // A matrix [rows, cols] source, checked; nullopt (and maybe an error) when
+  // absent. fp8_ok: an F8_E4M3 source may stay FP8 (layer projections);
+  // others are dequantised.
+  std::optional<Part> matrix_part(const std::string& name, int64_t rows, int64_t cols, bool required = true,
+                                  bool fp8_ok = false) {
     if (dummy_) return Part{nullptr, dummy_fill(name, seed_), rows, cols, act_};
     const Tensor* t = find(name, required);
     if (!t) return std::nullopt;
@@ -158,7 +166,47 @@ class WeightBuilder {
       fail(name, "has integer dtype " + std::string(dtype_name(t->dtype())));
       return std::nullopt;
     }
-    return Part{t, {}, rows, cols, t->dtype()};
+    Part part{t, {}, rows, cols, t->dtype()};
+    if (t->dtype() == DType::kF8E4M3) {
+      const std::optional<float> s = fp8_scale(name);
+      if (!s) return std::nullopt;
+      part.fp8_scale = *s;
+      part.fp8_ok = fp8_ok && rows % 16 == 0 && cols % 16 == 0;  // the FP8 GEMMs' shapes
+    }
+    return part;
+  }
+
+  // The one scale of the FP8 matrix `name` ("<prefix>.weight"): its
+  // "<prefix>.weight_scale" tensor of one finite positive value (the
+  // per-tensor layout of FP8 checkpoints, e.g. quant_method "fp8"); other
+  // scale layouts are refused by name.
+  std::optional<float> fp8_scale(const std::string& name) {
+    const std::string prefix =
+        name.size() > 7 && name.compare(name.size() - 7, 7, ".weight") == 0 ? name.substr(0, name.size() - 7) : name;
+    const Tensor* s = find(prefix + ".weight_scale", false);
+    if (!s) {
+      fail(name, find(prefix + ".weight_scale_inv", false)
+                     ? "is F8_E4M3 with block-wise scales (weight_scale_inv), which osprey does not load: it loads "
+                       "FP8 checkpoints with one scale per matrix (weight_scale)"
+                     : "is F8_E4M3 but has no weight_scale tensor");
+      return std::nullopt;
+    }
+    if (s->numel() != 1) {
+      fail(name, "has " + std::to_string(s->numel()) + " FP8 scales (per-channel or per-block, weight_scale " +
+                     s->shape_string() + "): osprey loads FP8 checkpoints with one scale per matrix");
+      return std::nullopt;
+    }
+    if (!is_float_dtype(s->dtype())) {
+      fail(prefix + ".weight_scale", "has dtype " + std::string(dtype_name(s->dtype())) + ", expected a float");
+      return std::nullopt;
+    }
+    float v = 0.0f;
+    dequantize_row(s->dtype(), s->data(), &v, 1);
+    if (!std::isfinite(v) || v <= 0.0f) {
+      fail(prefix + ".weight_scale", "is " + std::to_string(v) + ", expected a finite positive scale");
+      return std::nullopt;
+    }
+    return v;
   }
 
   std::optional<Part> vector_part(const std::string& name, int64_t n, bool required = true) {
@@ -176,8 +224,8 @@ class WeightBuilder {
     return Part{t, {}, n, 1, t->dtype()};
   }
 
-  Tensor matrix(const std::string& name, int64_t rows, int64_t cols, bool required = true) {
-    auto p = matrix_part(name, rows, cols, required);
+  Tensor matrix(const std::string& name, int64_t rows, int64_t cols, bool required = true, bool fp8_ok = false) {
+    auto p = matrix_part(name, rows, cols, required, fp8_ok);
     if (!p) return {};
     return place({*p}, false);
   }
@@ -187,9 +235,16 @@ class WeightBuilder {
     return place({*p}, true);
   }
 
-  // Where the parts' rows go after placement: the dtype they become.
+  // Where the parts' rows go after placement: the dtype they become. FP8
+  // sources stay FP8 where the backend runs FP8 weights with this
+  // activation dtype (fp8_ok parts), else they are dequantised: F32 on the
+  // CPU, the activation dtype elsewhere.
   DType target(const Part& p, bool vector) const {
     if (vector) return DType::kF32;
+    if (p.dtype == DType::kF8E4M3) {
+      if (p.fp8_ok && be_.device() != Device::kCpu && be_.supports_fp8_weights(act_)) return DType::kF8E4M3;
+      return be_.device() == Device::kCpu ? DType::kF32 : act_;
+    }
     if (dtype_is_quantized(p.dtype)) return p.dtype;
     if (dummy_) return act_;
     if (be_.device() == Device::kCpu) return p.dtype;
@@ -221,14 +276,18 @@ class WeightBuilder {
       for (const Part& p : parts) {
         if (p.dtype == t) {
           std::memcpy(buf.data() + r0 * row_bytes, p.host->data(), static_cast<size_t>(p.host->nbytes()));
-        } else {  // vectors of F16/BF16 -> F32
-          dequantize_row(p.dtype, p.host->data(), reinterpret_cast<float*>(buf.data() + r0 * row_bytes),
-                         p.rows * p.cols);
+        } else {  // vectors of F16/BF16 -> F32; FP8 matrices -> F32 (times their scale)
+          auto* out = reinterpret_cast<float*>(buf.data() + r0 * row_bytes);
+          dequantize_row(p.dtype, p.host->data(), out, p.rows * p.cols);
+          if (p.dtype == DType::kF8E4M3) {
+            for (int64_t i = 0; i < p.rows * p.cols; ++i) out[i] *= p.fp8_scale;
+          }
         }
         r0 += p.rows;
       }
       return vector ? Tensor(buf.data(), t, {rows}) : Tensor(buf.data(), t, {rows, cols});
     }
+    if (t == DType::kF8E4M3) return place_fp8(parts, rows, cols);
     void* dst = be_.alloc(bytes);
     if (!dst) {
       fail("(allocation)", "does not fit: out of " + std::string(be_.name()) + " memory placing " +
@@ -255,6 +314,16 @@ class WeightBuilder {
         dequantize_row(p.dtype, p.host->data(), tmp.data(), numel);
         be_.copy_to_device(d, tmp.data(), tmp.size() * sizeof(float));
         be_.synchronize();  // tmp dies here
+      } else if (p.dtype == DType::kF8E4M3) {  // an FP8 matrix dequantised (F32 compute, no FP8 support)
+        std::vector<float> tmp(static_cast<size_t>(numel));
+        dequantize_row(p.dtype, p.host->data(), tmp.data(), numel);
+        for (float& v : tmp) v *= p.fp8_scale;
+        if (t == DType::kF32) {
+          be_.copy_to_device(d, tmp.data(), tmp.size() * sizeof(float));
+        } else {
+          convert_upload(Tensor(tmp.data(), DType::kF32, {numel}), t, d);
+        }
+        be_.synchronize();  // tmp dies here
       } else {
         convert_upload(*p.host, t, d);
       }
@@ -266,6 +335,43 @@ class WeightBuilder {
   const Status& status() const { return status_; }
 
  private:
+  // FP8 parts as one F8_E4M3 matrix [rows, cols] on the device (the layout
+  // of fp8_scale_offset): one scale for all, the largest of the parts'; a
+  // part with a smaller scale has its codes re-rounded to it on the host
+  // (e4m3(code * s_part / s_max): exact unless a value falls into the
+  // subnormal range), as fused q/k/v or gate/up need one scale.
+  Tensor place_fp8(const std::vector<Part>& parts, int64_t rows, int64_t cols) {
+    float s_max = 0.0f;
+    for (const Part& p : parts) s_max = std::max(s_max, p.fp8_scale);
+    const size_t bytes = static_cast<size_t>(fp8_weight_bytes(rows, cols));
+    void* dst = be_.alloc(bytes);
+    if (!dst) {
+      fail("(allocation)",
+           "does not fit: out of " + std::string(be_.name()) + " memory placing " + std::to_string(bytes) + " bytes");
+      return {};
+    }
+    m_.device_allocations.push_back(dst);
+    char* d = static_cast<char*>(dst);
+    std::vector<uint8_t> tmp;
+    for (const Part& p : parts) {
+      const auto n = static_cast<size_t>(p.rows * p.cols);
+      if (p.fp8_scale == s_max) {
+        be_.copy_to_device(d, p.host->data(), n);
+      } else {
+        const float ratio = p.fp8_scale / s_max;
+        const auto* src = static_cast<const uint8_t*>(p.host->data());
+        tmp.resize(n);
+        for (size_t i = 0; i < n; ++i) tmp[i] = f32_to_f8e4m3(f8e4m3_to_f32(src[i]) * ratio);
+        be_.copy_to_device(d, tmp.data(), n);
+        be_.synchronize();  // tmp is reused
+      }
+      d += n;
+    }
+    be_.copy_to_device(static_cast<char*>(dst) + fp8_scale_offset(rows, cols), &s_max, sizeof(s_max));
+    be_.synchronize();  // s_max dies here
+    return Tensor(dst, DType::kF8E4M3, {rows, cols}, be_.device());
+  }
+
   // Host float tensor -> device dtype t at dst, through the staging buffer.
   void convert_upload(const Tensor& src, DType t, char* dst) {
     if (!staging_) {
@@ -392,7 +498,7 @@ Status Model::quantize_fp8(Impl& m, ops::Backend& be) {
     Tensor* const ws[] = {&L.w_qkv, &L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate_up, &L.w_down};
     for (size_t wi = 0; wi < std::size(ws); ++wi) {
       Tensor* w = ws[wi];
-      if (!w->defined()) continue;
+      if (!w->defined() || w->dtype() == DType::kF8E4M3) continue;  // FP8 already (an FP8 checkpoint)
       if (!is_float_dtype(w->dtype()) || w->device() == Device::kCpu) {
         return unsupported("quantization fp8 converts float weights on the device; this model's are " +
                            std::string(dtype_name(w->dtype())));
@@ -503,9 +609,9 @@ Expected<std::unique_ptr<Model>> Model::load(const std::string& path, ops::Backe
     const std::string p = "model.layers." + std::to_string(l) + ".";
     LayerWeights& L = m.layers[static_cast<size_t>(l)];
     L.attn_norm = b.vector_f32(p + "input_layernorm.weight", d);
-    auto q = b.matrix_part(p + "self_attn.q_proj.weight", hq * hd, d);
-    auto k = b.matrix_part(p + "self_attn.k_proj.weight", hk * hd, d);
-    auto v = b.matrix_part(p + "self_attn.v_proj.weight", hk * hd, d);
+    auto q = b.matrix_part(p + "self_attn.q_proj.weight", hq * hd, d, true, true);
+    auto k = b.matrix_part(p + "self_attn.k_proj.weight", hk * hd, d, true, true);
+    auto v = b.matrix_part(p + "self_attn.v_proj.weight", hk * hd, d, true, true);
     std::optional<Part> bq, bk, bv;
     if (want_bias || b.has(p + "self_attn.q_proj.bias")) {
       bq = b.vector_part(p + "self_attn.q_proj.bias", hq * hd, want_bias);
@@ -529,16 +635,16 @@ Expected<std::unique_ptr<Model>> Model::load(const std::string& path, ops::Backe
       L.q_norm = b.vector_f32(p + "self_attn.q_norm.weight", hd);
       L.k_norm = b.vector_f32(p + "self_attn.k_norm.weight", hd);
     }
-    L.wo = b.matrix(p + "self_attn.o_proj.weight", d, hq * hd);
+    L.wo = b.matrix(p + "self_attn.o_proj.weight", d, hq * hd, true, true);
     L.ffn_norm = b.vector_f32(p + "post_attention_layernorm.weight", d);
-    auto gate = b.matrix_part(p + "mlp.gate_proj.weight", f, d);
-    auto up = b.matrix_part(p + "mlp.up_proj.weight", f, d);
+    auto gate = b.matrix_part(p + "mlp.gate_proj.weight", f, d, true, true);
+    auto up = b.matrix_part(p + "mlp.up_proj.weight", f, d, true, true);
     if (!gate || !up) break;
     if (!b.fusable({*gate, *up}, false)) {
       return corrupt(path + ": " + p + "mlp gate and up projections have different dtypes");
     }
     L.w_gate_up = b.place({*gate, *up}, false);
-    L.w_down = b.matrix(p + "mlp.down_proj.weight", d, f);
+    L.w_down = b.matrix(p + "mlp.down_proj.weight", d, f, true, true);
   }
   OSP_RETURN_IF_ERROR(b.status());
   if (fp8) {
