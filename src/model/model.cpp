@@ -107,11 +107,13 @@ struct Part {
   DummyFill fill;
   int64_t rows = 0, cols = 0;  // vectors: rows = length, cols = 1
   DType dtype = DType::kF32;   // storage dtype of the source
-  // F8_E4M3 sources (FP8 checkpoints): the matrix's scale (w = scale *
-  // e4m3(code), its weight_scale tensor), and whether the part may stay
-  // FP8 on the device (a layer projection) rather than be dequantised.
-  float fp8_scale = 1.0f;
+  // F8_E4M3 sources (FP8 checkpoints): the scales of its weight_scale
+  // tensor, one for the matrix or one a row (w[r][c] = scale(r) *
+  // e4m3(code)), and whether the part may stay FP8 on the device (a layer
+  // projection) rather than be dequantised.
+  std::vector<float> fp8_scales;
   bool fp8_ok = false;
+  float fp8_row_scale(int64_t r) const { return fp8_scales.size() == 1 ? fp8_scales[0] : fp8_scales[r]; }
 };
 
 // Finds, checks and places weights on the backend. Matrices of float dtypes
@@ -168,19 +170,20 @@ class WeightBuilder {
     }
     Part part{t, {}, rows, cols, t->dtype()};
     if (t->dtype() == DType::kF8E4M3) {
-      const std::optional<float> s = fp8_scale(name);
+      std::optional<std::vector<float>> s = fp8_scales(name, rows);
       if (!s) return std::nullopt;
-      part.fp8_scale = *s;
+      part.fp8_scales = std::move(*s);
       part.fp8_ok = fp8_ok && rows % 16 == 0 && cols % 16 == 0;  // the FP8 GEMMs' shapes
     }
     return part;
   }
 
-  // The one scale of the FP8 matrix `name` ("<prefix>.weight"): its
-  // "<prefix>.weight_scale" tensor of one finite positive value (the
-  // per-tensor layout of FP8 checkpoints, e.g. quant_method "fp8"); other
-  // scale layouts are refused by name.
-  std::optional<float> fp8_scale(const std::string& name) {
+  // The scales of the FP8 matrix `name` ("<prefix>.weight", `rows` rows):
+  // its "<prefix>.weight_scale" tensor of finite positive values, one for
+  // the matrix (shape [] or [1]: quant_method "fp8") or one a row ([rows, 1]
+  // or [rows]: compressed-tensors' channel strategy); other layouts are
+  // refused by name.
+  std::optional<std::vector<float>> fp8_scales(const std::string& name, int64_t rows) {
     const std::string prefix =
         name.size() > 7 && name.compare(name.size() - 7, 7, ".weight") == 0 ? name.substr(0, name.size() - 7) : name;
     const Tensor* s = find(prefix + ".weight_scale", false);
@@ -191,20 +194,24 @@ class WeightBuilder {
                      : "is F8_E4M3 but has no weight_scale tensor");
       return std::nullopt;
     }
-    if (s->numel() != 1) {
-      fail(name, "has " + std::to_string(s->numel()) + " FP8 scales (per-channel or per-block, weight_scale " +
-                     s->shape_string() + "): osprey loads FP8 checkpoints with one scale per matrix");
+    const bool per_row = s->numel() == rows && rows > 1 && (s->ndim() == 1 || (s->ndim() == 2 && s->dim(1) == 1));
+    if (s->numel() != 1 && !per_row) {
+      fail(name, "has FP8 scales of shape " + s->shape_string() +
+                     " (per-block?): osprey loads one scale per matrix or one per row");
       return std::nullopt;
     }
     if (!is_float_dtype(s->dtype())) {
       fail(prefix + ".weight_scale", "has dtype " + std::string(dtype_name(s->dtype())) + ", expected a float");
       return std::nullopt;
     }
-    float v = 0.0f;
-    dequantize_row(s->dtype(), s->data(), &v, 1);
-    if (!std::isfinite(v) || v <= 0.0f) {
-      fail(prefix + ".weight_scale", "is " + std::to_string(v) + ", expected a finite positive scale");
-      return std::nullopt;
+    std::vector<float> v(static_cast<size_t>(s->numel()));
+    dequantize_row(s->dtype(), s->data(), v.data(), s->numel());
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (!std::isfinite(v[i]) || v[i] <= 0.0f) {
+        fail(prefix + ".weight_scale",
+             "holds " + std::to_string(v[i]) + " at " + std::to_string(i) + ", expected finite positive scales");
+        return std::nullopt;
+      }
     }
     return v;
   }
@@ -280,7 +287,7 @@ class WeightBuilder {
           auto* out = reinterpret_cast<float*>(buf.data() + r0 * row_bytes);
           dequantize_row(p.dtype, p.host->data(), out, p.rows * p.cols);
           if (p.dtype == DType::kF8E4M3) {
-            for (int64_t i = 0; i < p.rows * p.cols; ++i) out[i] *= p.fp8_scale;
+            for (int64_t i = 0; i < p.rows * p.cols; ++i) out[i] *= p.fp8_row_scale(i / p.cols);
           }
         }
         r0 += p.rows;
@@ -317,7 +324,7 @@ class WeightBuilder {
       } else if (p.dtype == DType::kF8E4M3) {  // an FP8 matrix dequantised (F32 compute, no FP8 support)
         std::vector<float> tmp(static_cast<size_t>(numel));
         dequantize_row(p.dtype, p.host->data(), tmp.data(), numel);
-        for (float& v : tmp) v *= p.fp8_scale;
+        for (int64_t i = 0; i < numel; ++i) tmp[static_cast<size_t>(i)] *= p.fp8_row_scale(i / p.cols);
         if (t == DType::kF32) {
           be_.copy_to_device(d, tmp.data(), tmp.size() * sizeof(float));
         } else {
@@ -336,13 +343,16 @@ class WeightBuilder {
 
  private:
   // FP8 parts as one F8_E4M3 matrix [rows, cols] on the device (the layout
-  // of fp8_scale_offset): one scale for all, the largest of the parts'; a
-  // part with a smaller scale has its codes re-rounded to it on the host
-  // (e4m3(code * s_part / s_max): exact unless a value falls into the
-  // subnormal range), as fused q/k/v or gate/up need one scale.
+  // of fp8_scale_offset): one scale for all, the largest of the parts' (and
+  // rows'); rows with a smaller scale have their codes re-rounded to it on
+  // the host (e4m3(code * s_row / s_max): exact unless a value falls into
+  // the subnormal range), as fused q/k/v or gate/up, and the FP8 GEMMs,
+  // take one scale a matrix.
   Tensor place_fp8(const std::vector<Part>& parts, int64_t rows, int64_t cols) {
     float s_max = 0.0f;
-    for (const Part& p : parts) s_max = std::max(s_max, p.fp8_scale);
+    for (const Part& p : parts) {
+      for (float v : p.fp8_scales) s_max = std::max(s_max, v);
+    }
     const size_t bytes = static_cast<size_t>(fp8_weight_bytes(rows, cols));
     void* dst = be_.alloc(bytes);
     if (!dst) {
@@ -355,13 +365,15 @@ class WeightBuilder {
     std::vector<uint8_t> tmp;
     for (const Part& p : parts) {
       const auto n = static_cast<size_t>(p.rows * p.cols);
-      if (p.fp8_scale == s_max) {
+      if (p.fp8_scales.size() == 1 && p.fp8_scales[0] == s_max) {
         be_.copy_to_device(d, p.host->data(), n);
       } else {
-        const float ratio = p.fp8_scale / s_max;
         const auto* src = static_cast<const uint8_t*>(p.host->data());
         tmp.resize(n);
-        for (size_t i = 0; i < n; ++i) tmp[i] = f32_to_f8e4m3(f8e4m3_to_f32(src[i]) * ratio);
+        for (size_t i = 0; i < n; ++i) {
+          const float ratio = p.fp8_row_scale(static_cast<int64_t>(i) / p.cols) / s_max;
+          tmp[i] = f32_to_f8e4m3(f8e4m3_to_f32(src[i]) * ratio);
+        }
         be_.copy_to_device(d, tmp.data(), n);
         be_.synchronize();  // tmp is reused
       }

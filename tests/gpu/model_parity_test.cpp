@@ -315,22 +315,31 @@ TEST(Fp8Load, NonFiniteWeightIsAnError) {
 }
 
 // An FP8 checkpoint (tests/unit/loader/fp8_checkpoint.h: llama_bf16's
-// projections as F8_E4M3 with one weight_scale each) on the GPU computing
-// in bf16: the projections stay FP8 (fused q/k/v re-rounded to one scale),
+// projections as F8_E4M3 with a weight_scale of one value each, or one a
+// row) on the GPU computing in bf16: the projections stay FP8 (fused q/k/v,
+// and rows of per-row scales, re-rounded to one scale a matrix),
 // the logits of a 11-token prompt and then a 1-token step (the one-row FP8
 // GEMVs) within the FP8 bound of the CPU's dequantised twin; --quantization
 // fp8 on it changes nothing (bit for bit); the exact fp32 mode dequantises
 // on upload and matches the CPU to fp32 rounding.
+void check_fp8_checkpoint(ops::Backend& be, testing::Fp8Scales scales);
+
 TEST(Fp8Checkpoint, GpuKeepsProjectionsFp8) {
   if (harness_on_cpu()) GTEST_SKIP() << "FP8 weights need the CUDA backend";
   auto be = make_backend(false);
   ASSERT_NE(be, nullptr);
   if (!be->supports_fp8_weights(DType::kBF16)) GTEST_SKIP() << "no FP8 tensor cores on this GPU";
+  for (auto scales : {testing::Fp8Scales::kScalar, testing::Fp8Scales::kPerChannel}) {
+    SCOPED_TRACE(scales == testing::Fp8Scales::kScalar ? "one scale a matrix" : "one scale a row");
+    check_fp8_checkpoint(*be, scales);
+  }
+}
+
+void check_fp8_checkpoint(ops::Backend& be, testing::Fp8Scales scales) {
   const fs::path dir = fs::temp_directory_path() / ("osprey_fp8_ckpt_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   std::string why;
-  ASSERT_TRUE(testing::make_fp8_checkpoint(fixtures_root() + "llama_bf16", dir / "fp8", dir / "deq",
-                                           testing::Fp8Scales::kScalar, &why))
+  ASSERT_TRUE(testing::make_fp8_checkpoint(fixtures_root() + "llama_bf16", dir / "fp8", dir / "deq", scales, &why))
       << why;
   const std::vector<int32_t> prompt = {5, 77, 301, 12, 9, 450, 33, 2, 160, 88, 17};
   const std::vector<int32_t> next = {200};
@@ -346,10 +355,10 @@ TEST(Fp8Checkpoint, GpuKeepsProjectionsFp8) {
   };
   auto cpu = ops::make_cpu_backend(2);
   const auto ref = run(*cpu, (dir / "deq").string(), "float32", "none");
-  const auto got = run(*be, (dir / "fp8").string(), "bfloat16", "none");
+  const auto got = run(be, (dir / "fp8").string(), "bfloat16", "none");
   ASSERT_FALSE(ref.empty());
   expect_close(got, ref, kFp8Nmse, 1.0, "FP8 checkpoint on the GPU vs its dequantised twin on the CPU");
-  EXPECT_EQ(run(*be, (dir / "fp8").string(), "bfloat16", "fp8"), got) << "--quantization fp8 on an FP8 checkpoint";
+  EXPECT_EQ(run(be, (dir / "fp8").string(), "bfloat16", "fp8"), got) << "--quantization fp8 on an FP8 checkpoint";
   auto exact = make_backend(true);
   const auto got32 = run(*exact, (dir / "fp8").string(), "float32", "none");
   expect_close(got32, ref, 1e-9, kFp32MaxRel, "FP8 checkpoint dequantised (fp32 compute) vs the CPU");

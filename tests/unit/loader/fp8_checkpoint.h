@@ -25,7 +25,8 @@ namespace osprey::testing {
 enum class Fp8Scales {
   kScalar,      // weight_scale of shape [] (the common layout)
   kOneElement,  // shape [1]
-  kPerChannel,  // [rows, 1]: refused
+  kPerChannel,  // [rows, 1]: one scale a row (amax of the row / 448)
+  kPerBlock,    // weight_scale [rows / 32, cols / 32]: refused
   kBlockInv,    // weight_scale_inv [rows / 128, cols / 128] only: refused
   kMissing,     // no scale tensor: refused
   kNonFinite,   // the first projection's scale is +inf: refused
@@ -96,19 +97,28 @@ inline bool make_fp8_checkpoint(const std::filesystem::path& src, const std::fil
       deq.push_back({name, t.dtype(), shape, raw});
       continue;
     }
-    const int64_t n = t.numel();
+    const int64_t n = t.numel(), rows = t.dim(0), cols = t.dim(1);
     std::vector<float> v(static_cast<size_t>(n));
     dequantize_row(t.dtype(), t.data(), v.data(), n);
-    float amax = 0.0f;
-    for (float x : v) amax = std::max(amax, std::fabs(x));
-    const float scale = amax > 0.0f ? amax / kF8E4M3Max : 1.0f;
-    const float inv = amax > 0.0f ? kF8E4M3Max / amax : 1.0f;
+    // One amax for the matrix, or one a row (kPerChannel): scale amax / 448,
+    // codes of w * 448 / amax.
+    const bool per_row = scales == Fp8Scales::kPerChannel;
+    std::vector<float> row_scale(static_cast<size_t>(per_row ? rows : 1)), row_inv(row_scale.size());
+    for (size_t g = 0; g < row_scale.size(); ++g) {
+      float amax = 0.0f;
+      const int64_t lo = per_row ? static_cast<int64_t>(g) * cols : 0, hi = per_row ? lo + cols : n;
+      for (int64_t i = lo; i < hi; ++i) amax = std::max(amax, std::fabs(v[static_cast<size_t>(i)]));
+      row_scale[g] = amax > 0.0f ? amax / kF8E4M3Max : 1.0f;
+      row_inv[g] = amax > 0.0f ? kF8E4M3Max / amax : 1.0f;
+    }
     std::vector<uint8_t> codes(static_cast<size_t>(n));
     std::vector<float> back(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) {
-      codes[static_cast<size_t>(i)] = f32_to_f8e4m3(v[static_cast<size_t>(i)] * inv);
-      back[static_cast<size_t>(i)] = f8e4m3_to_f32(codes[static_cast<size_t>(i)]) * scale;
+      const size_t g = per_row ? static_cast<size_t>(i / cols) : 0;
+      codes[static_cast<size_t>(i)] = f32_to_f8e4m3(v[static_cast<size_t>(i)] * row_inv[g]);
+      back[static_cast<size_t>(i)] = f8e4m3_to_f32(codes[static_cast<size_t>(i)]) * row_scale[g];
     }
+    const float scale = row_scale[0];
     fp8.push_back({name, DType::kF8E4M3, shape, codes});
     deq.push_back({name, DType::kF32, shape, bytes_of(back)});
     const std::string prefix = name.substr(0, name.size() - 7);  // less ".weight"
@@ -123,13 +133,18 @@ inline bool make_fp8_checkpoint(const std::filesystem::path& src, const std::fil
         fp8.push_back({prefix + ".weight_scale", DType::kF32, {1}, bytes_of(std::vector<float>{s})});
         break;
       case Fp8Scales::kPerChannel:
+        fp8.push_back({prefix + ".weight_scale", DType::kF32, {rows, 1}, bytes_of(row_scale)});
+        break;
+      case Fp8Scales::kPerBlock: {
+        const int64_t br = (rows + 31) / 32, bc = (cols + 31) / 32;
         fp8.push_back({prefix + ".weight_scale",
                        DType::kF32,
-                       {t.dim(0), 1},
-                       bytes_of(std::vector<float>(static_cast<size_t>(t.dim(0)), s))});
+                       {br, bc},
+                       bytes_of(std::vector<float>(static_cast<size_t>(br * bc), s))});
         break;
+      }
       case Fp8Scales::kBlockInv: {
-        const int64_t br = (t.dim(0) + 127) / 128, bc = (t.dim(1) + 127) / 128;
+        const int64_t br = (rows + 127) / 128, bc = (cols + 127) / 128;
         fp8.push_back({prefix + ".weight_scale_inv",
                        DType::kF32,
                        {br, bc},

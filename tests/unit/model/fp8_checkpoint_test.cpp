@@ -1,7 +1,8 @@
-// FP8 checkpoints (F8_E4M3 projections with one weight_scale a matrix) on
-// the CPU: dequantised at load (code * scale, F32), so the logits equal
-// those of the same checkpoint with the projections stored dequantised, bit
-// for bit; the scale layouts osprey does not load are refused by name.
+// FP8 checkpoints (F8_E4M3 projections with a weight_scale of one value a
+// matrix or one a row) on the CPU: dequantised at load (code * scale, F32),
+// so the logits equal those of the same checkpoint with the projections
+// stored dequantised, bit for bit; the scale layouts osprey does not load
+// are refused by name.
 // (On the GPU the projections stay FP8: tests/gpu/model_parity_test.cpp.)
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -46,7 +47,7 @@ class Fp8CheckpointTest : public ::testing::Test {
 const std::vector<int32_t> kIds = {5, 77, 301, 12, 9, 450, 33, 2, 160, 88, 17};
 
 TEST_F(Fp8CheckpointTest, CpuLogitsEqualTheDequantisedCheckpoint) {
-  for (auto scales : {testing::Fp8Scales::kScalar, testing::Fp8Scales::kOneElement}) {
+  for (auto scales : {testing::Fp8Scales::kScalar, testing::Fp8Scales::kOneElement, testing::Fp8Scales::kPerChannel}) {
     fs::remove_all(dir_);
     std::string why;
     ASSERT_TRUE(testing::make_fp8_checkpoint(source(), dir_ / "fp8", dir_ / "deq", scales, &why)) << why;
@@ -79,10 +80,11 @@ TEST_F(Fp8CheckpointTest, RefusesOtherScaleLayoutsByName) {
     testing::Fp8Scales scales;
     const char* message;
   };
-  for (const Case& c : {Case{testing::Fp8Scales::kPerChannel, "per-channel or per-block"},
-                        Case{testing::Fp8Scales::kBlockInv, "block-wise scales (weight_scale_inv)"},
-                        Case{testing::Fp8Scales::kMissing, "has no weight_scale tensor"},
-                        Case{testing::Fp8Scales::kNonFinite, "expected a finite positive scale"}}) {
+  for (const Case& c :
+       {Case{testing::Fp8Scales::kPerBlock, "(per-block?): osprey loads one scale per matrix or one per row"},
+        Case{testing::Fp8Scales::kBlockInv, "block-wise scales (weight_scale_inv)"},
+        Case{testing::Fp8Scales::kMissing, "has no weight_scale tensor"},
+        Case{testing::Fp8Scales::kNonFinite, "expected finite positive scales"}}) {
     fs::remove_all(dir_);
     std::string why;
     ASSERT_TRUE(testing::make_fp8_checkpoint(source(), dir_, "", c.scales, &why)) << why;
