@@ -61,6 +61,17 @@ std::optional<DType> dtype_from_name(std::string_view n) {
   return std::nullopt;
 }
 
+void f8e4m3_rescale_rows(const uint8_t* src, int64_t rows, int64_t cols, const float* row_scales, bool per_row,
+                         float to_scale, uint8_t* dst) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float ratio = row_scales[per_row ? r : 0] / to_scale;
+    for (int64_t c = 0; c < cols; ++c) {
+      const int64_t i = r * cols + c;
+      dst[i] = ratio == 1.0f ? src[i] : f32_to_f8e4m3(f8e4m3_to_f32(src[i]) * ratio);
+    }
+  }
+}
+
 void dequantize_row(DType t, const void* src, float* out, int64_t cols) {
   switch (t) {
     case DType::kF32:

@@ -180,6 +180,17 @@ float f8e4m3_to_f32(uint8_t v);
 // 448 (as CUDA's __NV_SATFINITE conversion), NaN -> 0x7f.
 uint8_t f32_to_f8e4m3(float f);
 
+// E4M3 codes [rows, cols] under per-row scales (row_scales[r], or
+// row_scales[0] for every row when !per_row) re-rounded to one scale
+// `to_scale` >= every row scale: dst[i] = f32_to_f8e4m3(e4m3(src[i]) *
+// (row scale / to_scale)). Exact where the ratio is a power of two and the
+// value stays a normal number; otherwise within half an E4M3 step of the
+// value (the subnormal steps below 2^-6). src and dst may be the same.
+// Used to give an FP8 checkpoint's fused or per-row-scaled matrices one
+// scale.
+void f8e4m3_rescale_rows(const uint8_t* src, int64_t rows, int64_t cols, const float* row_scales, bool per_row,
+                         float to_scale, uint8_t* dst);
+
 // Dequantise one row of `cols` elements of type t (any dtype except the
 // integer ones) into out[cols] fp32. Portable reference used by tests and by
 // the loader; backends have their own fast paths.

@@ -345,9 +345,9 @@ class WeightBuilder {
   // FP8 parts as one F8_E4M3 matrix [rows, cols] on the device (the layout
   // of fp8_scale_offset): one scale for all, the largest of the parts' (and
   // rows'); rows with a smaller scale have their codes re-rounded to it on
-  // the host (e4m3(code * s_row / s_max): exact unless a value falls into
-  // the subnormal range), as fused q/k/v or gate/up, and the FP8 GEMMs,
-  // take one scale a matrix.
+  // the host (f8e4m3_rescale_rows: within half an E4M3 step, exact for
+  // power-of-two ratios that keep a value normal), as fused q/k/v or
+  // gate/up, and the FP8 GEMMs, take one scale a matrix.
   Tensor place_fp8(const std::vector<Part>& parts, int64_t rows, int64_t cols) {
     float s_max = 0.0f;
     for (const Part& p : parts) {
@@ -368,12 +368,9 @@ class WeightBuilder {
       if (p.fp8_scales.size() == 1 && p.fp8_scales[0] == s_max) {
         be_.copy_to_device(d, p.host->data(), n);
       } else {
-        const auto* src = static_cast<const uint8_t*>(p.host->data());
         tmp.resize(n);
-        for (size_t i = 0; i < n; ++i) {
-          const float ratio = p.fp8_row_scale(static_cast<int64_t>(i) / p.cols) / s_max;
-          tmp[i] = f32_to_f8e4m3(f8e4m3_to_f32(src[i]) * ratio);
-        }
+        f8e4m3_rescale_rows(static_cast<const uint8_t*>(p.host->data()), p.rows, p.cols, p.fp8_scales.data(),
+                            p.fp8_scales.size() > 1, s_max, tmp.data());
         be_.copy_to_device(d, tmp.data(), n);
         be_.synchronize();  // tmp is reused
       }

@@ -53,6 +53,53 @@ TEST(Quantize, ZeroBlockStaysZero) {
 
 // ---- F8_E4M3 -----------------------------------------------------------------
 
+// Re-rounding codes to a larger common scale (FP8 checkpoints' fused and
+// per-row-scaled matrices): every code of the format under ratios 1, 1/2
+// (exact while the value stays normal) and 0.3 (within half a step of the
+// value), per row and for all rows, in place too.
+TEST(F8E4M3, RescaleRowsToACommonScale) {
+  const int64_t cols = 254;  // every code but the two NaNs
+  std::vector<uint8_t> codes;
+  for (int c = 0; c < 256; ++c) {
+    if ((c & 0x7f) != 0x7f) codes.push_back(static_cast<uint8_t>(c));
+  }
+  ASSERT_EQ(static_cast<int64_t>(codes.size()), cols);
+  std::vector<uint8_t> src;
+  for (int r = 0; r < 3; ++r) src.insert(src.end(), codes.begin(), codes.end());
+  const float scales[3] = {2.0f, 1.0f, 0.6f};  // to_scale 2: ratios 1, 1/2, 0.3
+  auto half_step = [](double t) {
+    const double a = std::fabs(t);
+    return a < std::ldexp(1.0, -6) ? std::ldexp(1.0, -10)
+                                   : std::ldexp(1.0, static_cast<int>(std::floor(std::log2(a))) - 4);
+  };
+  for (bool in_place : {false, true}) {
+    std::vector<uint8_t> dst(src.size(), 0xaa);
+    if (in_place) dst = src;
+    f8e4m3_rescale_rows(in_place ? dst.data() : src.data(), 3, cols, scales, true, 2.0f, dst.data());
+    for (int64_t i = 0; i < cols; ++i) {
+      const auto u = static_cast<size_t>(i);
+      const double v = f8e4m3_to_f32(codes[u]);
+      ASSERT_EQ(dst[u], codes[u]) << "ratio 1, code " << int{codes[u]};
+      const double half = f8e4m3_to_f32(dst[u + cols]);
+      if (std::fabs(v / 2) >= std::ldexp(1.0, -6) || v == 0) {
+        ASSERT_EQ(half, v / 2) << "ratio 1/2, code " << int{codes[u]};
+      } else {
+        ASSERT_LE(std::fabs(half - v / 2), half_step(v / 2)) << "ratio 1/2, code " << int{codes[u]};
+      }
+      const double t = v * static_cast<double>(0.6f / 2.0f);
+      ASSERT_LE(std::fabs(f8e4m3_to_f32(dst[u + 2 * cols]) - t), half_step(t) * 1.0001)
+          << "ratio 0.3, code " << int{codes[u]};
+    }
+  }
+  // One scale for all rows.
+  std::vector<uint8_t> dst(src.size());
+  f8e4m3_rescale_rows(src.data(), 3, cols, scales + 1, false, 2.0f, dst.data());
+  for (size_t i = 0; i < src.size(); ++i) {
+    const double v = f8e4m3_to_f32(src[i]);
+    if (std::fabs(v / 2) >= std::ldexp(1.0, -6)) ASSERT_EQ(f8e4m3_to_f32(dst[i]), v / 2) << i;
+  }
+}
+
 TEST(F8E4M3, DecodesTheFormat) {
   EXPECT_EQ(f8e4m3_to_f32(0x00), 0.0f);
   EXPECT_TRUE(std::signbit(f8e4m3_to_f32(0x80)));
