@@ -94,6 +94,11 @@ def main():
     ], {"format": "pt"}))
     write("safetensors", "empty.safetensors", st([]))
     write("safetensors", "unsupported.safetensors", st([("a", "F64", [1], bytes(8))]))
+    # An FP8 checkpoint's projection: E4M3 codes and their one scale.
+    write("safetensors", "fp8.safetensors", st([
+        ("model.layers.0.self_attn.q_proj.weight", "F8_E4M3", [4, 4], bytes(range(0x30, 0x40))),
+        ("model.layers.0.self_attn.q_proj.weight_scale", "F32", [], struct.pack("<f", 0.5)),
+    ]))
 
 
 if __name__ == "__main__":

@@ -181,6 +181,13 @@ TEST(SafetensorsFile, FuzzSeedsParse) {
   auto f64 = SafetensorsFile::open((dir / "unsupported.safetensors").string());
   ASSERT_FALSE(f64.ok());
   EXPECT_EQ(f64.status().code(), StatusCode::kUnsupported);
+  auto fp8 = SafetensorsFile::open((dir / "fp8.safetensors").string());
+  ASSERT_TRUE(fp8.ok()) << fp8.status().to_string();
+  ASSERT_EQ((*fp8)->tensors().size(), 2u);
+  const auto* q = (*fp8)->find_tensor("model.layers.0.self_attn.q_proj.weight");
+  ASSERT_NE(q, nullptr);
+  EXPECT_EQ(q->dtype, DType::kF8E4M3);
+  EXPECT_EQ(q->nbytes, 16u);
 }
 
 }  // namespace
