@@ -144,17 +144,15 @@ void launch_qkv_rope_kv_write(const QkvRopeArgs& args, cudaStream_t stream);
 int fp8_amax_parts(int64_t count);
 void launch_fp8_quantize(DType t, const void* x, int64_t count, float* partials, uint8_t* q, float* scale_out,
                          cudaStream_t stream);
-// One activation row on E4M3 weights: out[j] = s * dot(x, e4m3(w row j))
-// (+ bias[j]) (+ out[j] when accumulate) for j < m, s = *w_scale, x [k] and
-// out [m] both of x_dtype (BF16 or F16; x not quantised), fp32 dot, one rounding.
-// w [m, k] rows k bytes apart, 16-byte aligned, k % 16 == 0. false (nothing
-// launched) where that does not hold or OSPREY_FP8_GEMV=0 (read once;
-// cuBLASLt's FP8 GEMM on the quantised row then). launch_pdl.
+// One activation row on E4M3 weights (gemm/gemv.cu): out[j] = s * dot(x,
+// e4m3(w row j)) (+ bias[j]) (+ out[j] when accumulate) for j < m, s =
+// *w_scale, x [k] and out [m] both of x_dtype (BF16 or F16; x not
+// quantised), fp32 dot, one rounding. w [m, k] rows k bytes apart, 16-byte
+// aligned, k % 16 == 0. false (nothing launched) where that does not hold
+// or OSPREY_FP8_GEMV=0 (read once; cuBLASLt's FP8 GEMM on the quantised row
+// then). launch_pdl.
 bool launch_gemv_fp8(const void* w, int64_t m, int64_t k, const float* w_scale, DType x_dtype, const void* x,
                      const float* bias, void* out, bool accumulate, cudaStream_t stream);
-// False when OSPREY_FP8_GEMV=0 is set (read once): no batch-1 kernel on
-// E4M3 weights then (launch_gemv_fp8 and the folded-norm GEMVs decline).
-bool fp8_gemv_enabled();
 
 // Rows handled per GEMV pass: larger n runs in passes of this many rows.
 constexpr int kGemvRowsPerPass = 8;

@@ -4,9 +4,9 @@
 // partials to the amax and converts its share of x (x * (448 / amax),
 // rounded to nearest even and saturated, as f32_to_f8e4m3), block 0 storing
 // the scale. No counters to reset, so both run in captured graphs. Used for
-// the weights at load and for every FP8 GEMM's input. Also the batch-1
-// GEMV on E4M3 weights (launch_gemv_fp8).
-#include <cuda_fp16.h>
+// the weights at load and for every FP8 GEMM's input. (The batch-1 GEMV
+// on E4M3 weights is in gemv.cu, with the folded-norm kernels it shares
+// its dot with.)
 #include <cuda_fp8.h>
 
 #include <algorithm>
@@ -14,8 +14,6 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_common.cuh"
-#include "backend/cuda/gemm/e4m3.cuh"
-#include "backend/cuda/host_util.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/pdl.cuh"
 
@@ -105,83 +103,7 @@ bool vec_ok(DType t, const void* x, const void* q, int64_t count) {
   return count % 8 == 0 && a % (t == DType::kF32 ? 32 : 16) == 0 && b % 8 == 0;
 }
 
-// ---- batch-1 GEMV on E4M3 weights -------------------------------------------------
-//
-// One warp a weight row, 8 rows a block. Lane l's chunk c is the 16 weights
-// (16 bytes) at element (l + 32 c) * 16: a warp reads 512 contiguous bytes a
-// step. The first kPreChunks chunks of the row are loaded before pdl_wait()
-// (weights only: 4 KB of each row in flight while the previous kernel
-// finishes), the rest kUnroll8 chunks at a time. The activation stays in its
-// 16-bit dtype (only the weight is FP8 at one row: the step is weight-read
-// bound); the dot is fp32, times the matrix's scale s, + bias, + out when
-// accumulating, rounded once.
-constexpr int kGemvWarps = 8;
-constexpr int kPreChunks = 8;  // 128 B a lane: a 4096-wide row whole
-constexpr int kUnroll8 = 4;
-
-template <class XT>
-__global__ void __launch_bounds__(kGemvWarps * 32)
-    gemv_fp8_kernel(const uint8_t* __restrict__ w, int64_t m, int64_t k, const float* __restrict__ w_scale,
-                    const XT* __restrict__ x, const float* __restrict__ bias, XT* __restrict__ out, bool accumulate) {
-  const int lane = threadIdx.x & 31;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5);
-  const bool valid = row < m;
-  const uint4* wr = reinterpret_cast<const uint4*>(w + (valid ? row : 0) * k);
-  const int64_t chunks = k / 16;  // k % 16 == 0
-  uint4 pre[kPreChunks];
-#pragma unroll
-  for (int c = 0; c < kPreChunks; ++c) {
-    const int64_t q = lane + 32 * c;
-    pre[c] = valid && q < chunks ? wr[q] : make_uint4(0, 0, 0, 0);
-  }
-  pdl_launch_dependents();
-  pdl_wait();
-  if (!valid) return;
-  float acc = 0.0f;
-#pragma unroll
-  for (int c = 0; c < kPreChunks; ++c) {
-    const int64_t q = lane + 32 * c;
-    if (q < chunks) acc += dot16_e4m3<XT>(pre[c], x + q * 16);
-  }
-  int64_t q = lane + 32 * kPreChunks;
-  for (; q + 32 * (kUnroll8 - 1) < chunks; q += 32 * kUnroll8) {
-    uint4 v[kUnroll8];
-#pragma unroll
-    for (int u = 0; u < kUnroll8; ++u) v[u] = wr[q + 32 * u];
-#pragma unroll
-    for (int u = 0; u < kUnroll8; ++u) acc += dot16_e4m3<XT>(v[u], x + (q + 32 * u) * 16);
-  }
-  for (; q < chunks; q += 32) acc += dot16_e4m3<XT>(wr[q], x + q * 16);
-  const float sum = warp_sum(acc);
-  if (lane == 0) {
-    // One explicit fma (never left to contraction): the folded-norm GEMVs'
-    // epilogue on E4M3 rows is the same, so their results agree bit for bit.
-    float v = __fmaf_rn(sum, *w_scale, bias ? bias[row] : 0.0f);
-    if (accumulate) v += to_float(out[row]);
-    out[row] = from_float<XT>(v);
-  }
-}
-
 }  // namespace
-
-bool fp8_gemv_enabled() {
-  static const bool off = env_equals("OSPREY_FP8_GEMV", "0");
-  return !off;
-}
-
-bool launch_gemv_fp8(const void* w, int64_t m, int64_t k, const float* w_scale, DType x_dtype, const void* x,
-                     const float* bias, void* out, bool accumulate, cudaStream_t stream) {
-  const bool a16 = x_dtype == DType::kBF16 || x_dtype == DType::kF16;
-  if (!fp8_gemv_enabled() || !a16 || m <= 0 || k <= 0 || k % 16 != 0 || !aligned16(w) ||
-      !aligned16(x) || ceil_div(m, kGemvWarps) > int64_t{2147483647})
-    return false;
-  const dim3 grid(static_cast<unsigned>(ceil_div(m, kGemvWarps)));
-  const auto* wp = static_cast<const uint8_t*>(w);
-  OSP_DISPATCH_16(x_dtype, XT,
-                  launch_pdl(gemv_fp8_kernel<XT>, grid, dim3(kGemvWarps * 32), 0, stream, wp, m, k, w_scale,
-                             static_cast<const XT*>(x), bias, static_cast<XT*>(out), accumulate));
-  return true;
-}
 
 int fp8_amax_parts(int64_t count) {
   return static_cast<int>(std::clamp<int64_t>(ceil_div(std::max<int64_t>(count, 1), int64_t{kThreads} * 8 * 4), 1,

@@ -8,9 +8,14 @@
 // the residual stream, one fp32 add before the one rounding).
 // Also the batch-1 gate/up GEMV with the SiLU-and-mul folded in
 // (launch_gemv_silu_mul), the RMSNorm of x folded into both on 16-bit
-// weights (launch_gemv_rms_norm*: separate kernels that stage the normed
-// rows once per block in shared memory, see "RMSNorm folded into the GEMV"
-// below), and the fp32 dequantisation of weight panels for the GEMM fallback.
+// weights and at one row on E4M3 ones (launch_gemv_rms_norm*: separate
+// kernels that stage the normed rows once per block in shared memory, see
+// "RMSNorm folded into the GEMV" below), the batch-1 GEMV on E4M3 weights
+// (launch_gemv_fp8), and the fp32 dequantisation of weight panels for the
+// GEMM fallback.
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
@@ -21,7 +26,6 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_common.cuh"
 #include "backend/cuda/device_query.h"
-#include "backend/cuda/gemm/e4m3.cuh"
 #include "backend/cuda/host_util.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/pdl.cuh"
@@ -285,6 +289,14 @@ __global__ void __launch_bounds__(kWarps * 32)
     const float u = s_gu[1][threadIdx.x];
     out[jo] = from_float<XT>(silu_mul_value(g, u));
   }
+}
+
+// False when OSPREY_FP8_GEMV=0 is set (read once): no batch-1 kernel on
+// E4M3 weights then (launch_gemv_fp8 and the folded-norm GEMVs decline;
+// cuBLASLt's FP8 GEMM runs on the quantised row).
+bool fp8_gemv_enabled() {
+  static const bool off = env_equals("OSPREY_FP8_GEMV", "0");
+  return !off;
 }
 
 bool fused_silu_enabled() {
@@ -860,6 +872,42 @@ __device__ __forceinline__ void stage_norm_rows(const XT* __restrict__ x, int n,
   __syncthreads();
 }
 
+// E4M3 weight chunks (launch_gemv_fp8 and the folded-norm kernels on
+// E4M3 rows): one 16-byte chunk holds 16 weights, and every kernel takes a
+// chunk's dot in the same order (dot16_e4m3, through staged_dot), so their
+// results agree bit for bit.
+// The 16 E4M3 codes of a raw 16-byte chunk as fp32 (exact: through half).
+__device__ __forceinline__ void e4m3x16_to_float(uint4 v, float w[16]) {
+  const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const __nv_fp8x2_storage_t pair = static_cast<__nv_fp8x2_storage_t>((words[j] >> (16 * h)) & 0xffffu);
+      const __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3);
+      const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&hr));
+      w[4 * j + 2 * h] = f.x;
+      w[4 * j + 2 * h + 1] = f.y;
+    }
+  }
+}
+
+// dot(x[0, 16), the chunk's 16 codes) in fp32: the first 8 products summed
+// in order from 0, then the last 8. x 16-byte aligned (global or shared).
+template <class XT>
+__device__ __forceinline__ float dot16_e4m3(uint4 wq, const XT* x) {
+  float w[16], a[8], b[8];
+  e4m3x16_to_float(wq, w);
+  load8_act<XT>(x, a);
+  load8_act<XT>(x + 8, b);
+  float s = 0.0f;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) s += a[e] * w[e];
+#pragma unroll
+  for (int e = 0; e < 8; ++e) s += b[e] * w[8 + e];
+  return s;
+}
+
 // Weights in one 16-byte chunk of a row of T (the folded-norm kernels'
 // F16/BF16 or F8_E4M3 rows).
 template <DType T>
@@ -921,6 +969,38 @@ __device__ __forceinline__ void staged_dot(const char* wr, const uint4 (&pre)[kP
 // two resident 512-thread blocks per SM).
 template <int kNR>
 constexpr int kNormPreChunks = kNR == 1 ? 2 * kUnroll : kUnroll;
+
+// One activation row on E4M3 weights (launch_gemv_fp8): one warp a weight
+// row, kWarps rows a block; the lane's chunks of staged_dot (x read from
+// global memory instead of a staged row), the first kNormPreChunks<1> (4 KB
+// of each row) loaded before pdl_wait(). The activation stays in its 16-bit
+// dtype (only the weight is FP8 at one row: the step is weight-read bound);
+// the fp32 dot times the matrix's scale s, + bias, + out when accumulating,
+// rounded once.
+template <class XT>
+__global__ void __launch_bounds__(kWarps * 32)
+    gemv_fp8_kernel(const char* __restrict__ w, int64_t m, int64_t k, const float* __restrict__ w_scale,
+                    const XT* __restrict__ x, const float* __restrict__ bias, XT* __restrict__ out, bool accumulate) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  const bool valid = row < m;
+  const char* wr = w + (valid ? row : 0) * k;
+  uint4 pre[kNormPreChunks<1>];
+  load_pre<kNormPreChunks<1>, kChunkElems<DType::kF8E4M3>>(wr, k, lane, valid, pre);
+  pdl_launch_dependents();
+  pdl_wait();
+  if (!valid) return;
+  float acc[1] = {0.0f};
+  staged_dot<DType::kF8E4M3, XT, 1, kNormPreChunks<1>, true>(wr, pre, x, 1, k, lane, acc);
+  const float sum = warp_sum(acc[0]);
+  if (lane == 0) {
+    // One explicit fma (never left to contraction), as norm_row's on E4M3
+    // rows: the two paths agree bit for bit.
+    float v = __fmaf_rn(sum, *w_scale, bias ? bias[row] : 0.0f);
+    if (accumulate) v += to_float(out[row]);
+    out[row] = from_float<XT>(v);
+  }
+}
 
 // The dot and store of weight row `row` (< m) for the gemv_norm_kernel tile loop.
 // ws: the E4M3 matrix's scale (1 for 16-bit rows, unused).
@@ -1158,6 +1238,20 @@ bool launch_gemv_rms_norm_silu_mul(DType w_dtype, const void* w, int64_t row_byt
     launch_norm_kernel<gemv_norm_silu_mul_kernel<W, XT>>(tiles, smem, num_sms, stream, wp, row_bytes, f, k, xp, g, eps,
                                                          w_scale, static_cast<XT*>(out));
   });
+  return true;
+}
+
+bool launch_gemv_fp8(const void* w, int64_t m, int64_t k, const float* w_scale, DType x_dtype, const void* x,
+                     const float* bias, void* out, bool accumulate, cudaStream_t stream) {
+  const bool a16 = x_dtype == DType::kBF16 || x_dtype == DType::kF16;
+  if (!fp8_gemv_enabled() || !a16 || m <= 0 || k <= 0 || k % 16 != 0 || !aligned16(w) || !aligned16(x) ||
+      ceil_div(m, int64_t{kWarps}) > int64_t{2147483647})
+    return false;
+  const dim3 grid(static_cast<unsigned>(ceil_div(m, int64_t{kWarps})));
+  const auto* wp = static_cast<const char*>(w);
+  OSP_DISPATCH_16(x_dtype, XT,
+                  launch_pdl(gemv_fp8_kernel<XT>, grid, dim3(kWarps * 32), 0, stream, wp, m, k, w_scale,
+                             static_cast<const XT*>(x), bias, static_cast<XT*>(out), accumulate));
   return true;
 }
 
