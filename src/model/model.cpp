@@ -283,12 +283,8 @@ class WeightBuilder {
       for (const Part& p : parts) {
         if (p.dtype == t) {
           std::memcpy(buf.data() + r0 * row_bytes, p.host->data(), static_cast<size_t>(p.host->nbytes()));
-        } else {  // vectors of F16/BF16 -> F32; FP8 matrices -> F32 (times their scale)
-          auto* out = reinterpret_cast<float*>(buf.data() + r0 * row_bytes);
-          dequantize_row(p.dtype, p.host->data(), out, p.rows * p.cols);
-          if (p.dtype == DType::kF8E4M3) {
-            for (int64_t i = 0; i < p.rows * p.cols; ++i) out[i] *= p.fp8_row_scale(i / p.cols);
-          }
+        } else {  // vectors of F16/BF16 -> F32; FP8 matrices -> F32
+          dequantize_part(p, reinterpret_cast<float*>(buf.data() + r0 * row_bytes));
         }
         r0 += p.rows;
       }
@@ -316,15 +312,9 @@ class WeightBuilder {
         }
       } else if (p.dtype == t) {
         be_.copy_to_device(d, p.host->data(), static_cast<size_t>(p.host->nbytes()));
-      } else if (vector) {
+      } else if (vector || p.dtype == DType::kF8E4M3) {  // vectors -> F32; FP8 matrices where FP8 does not run
         std::vector<float> tmp(static_cast<size_t>(numel));
-        dequantize_row(p.dtype, p.host->data(), tmp.data(), numel);
-        be_.copy_to_device(d, tmp.data(), tmp.size() * sizeof(float));
-        be_.synchronize();  // tmp dies here
-      } else if (p.dtype == DType::kF8E4M3) {  // an FP8 matrix dequantised (F32 compute, no FP8 support)
-        std::vector<float> tmp(static_cast<size_t>(numel));
-        dequantize_row(p.dtype, p.host->data(), tmp.data(), numel);
-        for (int64_t i = 0; i < numel; ++i) tmp[static_cast<size_t>(i)] *= p.fp8_row_scale(i / p.cols);
+        dequantize_part(p, tmp.data());
         if (t == DType::kF32) {
           be_.copy_to_device(d, tmp.data(), tmp.size() * sizeof(float));
         } else {
@@ -342,6 +332,16 @@ class WeightBuilder {
   const Status& status() const { return status_; }
 
  private:
+  // The host part's values as fp32 into out[rows * cols]: dequantize_row,
+  // FP8 codes times their (matrix or row) scale.
+  static void dequantize_part(const Part& p, float* out) {
+    const int64_t numel = p.rows * p.cols;
+    dequantize_row(p.dtype, p.host->data(), out, numel);
+    if (p.dtype == DType::kF8E4M3) {
+      for (int64_t i = 0; i < numel; ++i) out[i] *= p.fp8_row_scale(i / p.cols);
+    }
+  }
+
   // FP8 parts as one F8_E4M3 matrix [rows, cols] on the device (the layout
   // of fp8_scale_offset): one scale for all, the largest of the parts' (and
   // rows'); rows with a smaller scale have their codes re-rounded to it on
@@ -498,8 +498,9 @@ Status Model::fold_norms(Impl& m, ops::Backend& be, DType act, int64_t d) {
 // between tokens, and one FP8 scale for all of them would leave the small
 // rows few significant bits; the normed rows the unfolded sequence
 // quantises are all of RMS ~1. The fused norm ops keep being asked for at
-// GEMV-size steps: a backend runs them as rms_norm + matmul on weights its
-// fused kernels do not read (the CUDA ones read 16-bit weights).
+// GEMV-size steps: the CUDA ones read E4M3 rows at one activation row, and
+// any backend runs them as rms_norm + matmul where its fused kernels do not
+// take the weights.
 Status Model::quantize_fp8(Impl& m, ops::Backend& be) {
   for (size_t li = 0; li < m.layers.size(); ++li) {
     LayerWeights& L = m.layers[li];

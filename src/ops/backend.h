@@ -206,8 +206,9 @@ class Backend {
   // dynamic scale (the same recipe as quantize_weight_fp8 over the whole
   // input) and runs the product on FP8 tensor cores with fp32 accumulation,
   // times s * the input's scale, out in act. The fused rms_norm_matmul* /
-  // matmul_silu_mul ops take them too, as their two-op sequences where the
-  // fused kernels read only 16-bit weights (CUDA). Default: false.
+  // matmul_silu_mul ops take them too (as their two-op sequences where a
+  // backend's fused kernels do not read them; CUDA's read them at one row).
+  // Default: false.
   virtual bool supports_fp8_weights(DType act) const {
     (void)act;
     return false;

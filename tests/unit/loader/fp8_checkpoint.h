@@ -124,6 +124,12 @@ inline bool make_fp8_checkpoint(const std::filesystem::path& src, const std::fil
     const std::string prefix = name.substr(0, name.size() - 7);  // less ".weight"
     const float s = scales == Fp8Scales::kNonFinite && first ? INFINITY : scale;
     first = false;
+    // One scale a block x block tile, under prefix + suffix.
+    auto push_block_scales = [&](const char* suffix, int64_t block) {
+      const int64_t br = (rows + block - 1) / block, bc = (cols + block - 1) / block;
+      fp8.push_back(
+          {prefix + suffix, DType::kF32, {br, bc}, bytes_of(std::vector<float>(static_cast<size_t>(br * bc), s))});
+    };
     switch (scales) {
       case Fp8Scales::kScalar:
       case Fp8Scales::kNonFinite:
@@ -135,22 +141,12 @@ inline bool make_fp8_checkpoint(const std::filesystem::path& src, const std::fil
       case Fp8Scales::kPerChannel:
         fp8.push_back({prefix + ".weight_scale", DType::kF32, {rows, 1}, bytes_of(row_scale)});
         break;
-      case Fp8Scales::kPerBlock: {
-        const int64_t br = (rows + 31) / 32, bc = (cols + 31) / 32;
-        fp8.push_back({prefix + ".weight_scale",
-                       DType::kF32,
-                       {br, bc},
-                       bytes_of(std::vector<float>(static_cast<size_t>(br * bc), s))});
+      case Fp8Scales::kPerBlock:
+        push_block_scales(".weight_scale", 32);
         break;
-      }
-      case Fp8Scales::kBlockInv: {
-        const int64_t br = (rows + 127) / 128, bc = (cols + 127) / 128;
-        fp8.push_back({prefix + ".weight_scale_inv",
-                       DType::kF32,
-                       {br, bc},
-                       bytes_of(std::vector<float>(static_cast<size_t>(br * bc), s))});
+      case Fp8Scales::kBlockInv:
+        push_block_scales(".weight_scale_inv", 128);
         break;
-      }
       case Fp8Scales::kMissing:
         break;
     }
