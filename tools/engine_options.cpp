@@ -14,7 +14,8 @@ void add_engine_options(CLI::App* cmd, EngineOptions* o) {
   cmd->add_option("--dtype", o->dtype,
                   "Compute dtype: auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16, float16 (CUDA)");
   cmd->add_option("--kv-cache-dtype", o->kv_cache_dtype,
-                  "KV page dtype: auto (the compute dtype), float32, bfloat16, float16");
+                  "KV page dtype: auto (the compute dtype), float32, bfloat16, float16, or fp8 (E4M3, one byte a "
+                  "value: twice the pages of bf16; scales from the checkpoint's k_scale / v_scale, else 1)");
   cmd->add_option("--quantization", o->quantization,
                   "Weight quantisation at load: none, or fp8 (CUDA 8.9+: the layers' projections in FP8 E4M3 with "
                   "FP8 GEMMs; not bit-exact)");

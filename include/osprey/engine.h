@@ -39,7 +39,10 @@ struct EngineConfig {
   // Tokenizer: "" (the model's own), "default", a folder, a tokenizer.json or
   // a .gguf. A dummy model without one accepts token ids only.
   std::string tokenizer;
-  // KV page dtype: "auto" (the compute dtype), "float32", "bfloat16", "float16".
+  // KV page dtype: "auto" (the compute dtype), "float32", "bfloat16",
+  // "float16", or "fp8" / "fp8_e4m3": one byte a value (twice bf16's
+  // tokens in the same memory) under a K and a V scale per layer, the
+  // checkpoint's self_attn.k_scale / v_scale where it has them, else 1.
   std::string kv_cache_dtype = "auto";
   // Weight quantisation at load: "none" (or "") or "fp8": the decoder
   // layers' projections (q/k/v, o, gate/up, down) become FP8 E4M3 with one

@@ -92,7 +92,38 @@ Expected<DType> parse_dtype_option(const std::string& value, DType automatic, co
   return invalid_argument(std::string(what) + " must be auto, float32, bfloat16 or float16, got '" + value + "'");
 }
 
+Expected<DType> parse_kv_dtype_option(const std::string& value, DType automatic) {
+  if (value == "fp8" || value == "fp8_e4m3") return DType::kF8E4M3;
+  auto t = parse_dtype_option(value, automatic, "kv_cache_dtype");
+  if (!t.ok()) {
+    return invalid_argument("kv_cache_dtype must be auto, float32, bfloat16, float16 or fp8 (fp8_e4m3), got '" + value +
+                            "'");
+  }
+  return t;
+}
+
 namespace {
+
+// A checkpoint's scale of F8_E4M3 KV pages (self_attn.k_scale / v_scale,
+// one element of a float dtype): left as it is where the file has none.
+Status read_kv_scale(const LoadedWeights& w, const std::string& name, const std::string& path, float& scale) {
+  auto it = w.tensors.find(name);
+  if (it == w.tensors.end()) return {};
+  const Tensor& t = it->second;
+  if (t.numel() != 1 || !(t.dtype() == DType::kF32 || t.dtype() == DType::kF16 || t.dtype() == DType::kBF16)) {
+    return corrupt(path + ": tensor '" + name +
+                   "' must be one float32, float16 or bfloat16 value (a per-tensor KV "
+                   "scale), got " +
+                   std::to_string(t.numel()) + " of " + std::string(dtype_name(t.dtype())));
+  }
+  float v = 0.0f;
+  dequantize_row(t.dtype(), t.data(), &v, 1);
+  if (!std::isfinite(v) || v <= 0.0f) {
+    return corrupt(path + ": tensor '" + name + "' (a KV scale) must be positive and finite, got " + std::to_string(v));
+  }
+  scale = v;
+  return {};
+}
 
 constexpr size_t kStagingBytes = size_t{64} << 20;  // host -> device conversion chunks
 
@@ -553,7 +584,7 @@ Expected<std::unique_ptr<Model>> Model::load(const std::string& path, ops::Backe
                                                            ? " (the CPU backend computes in float32 only)"
                                                            : " (use float32, bfloat16 or float16)"));
   }
-  OSP_ASSIGN_OR_RETURN(DType kv_dtype, parse_dtype_option(options.kv_cache_dtype, act, "kv_cache_dtype"));
+  OSP_ASSIGN_OR_RETURN(DType kv_dtype, parse_kv_dtype_option(options.kv_cache_dtype, act));
   if (!options.quantization.empty() && options.quantization != "none" && options.quantization != "fp8") {
     return invalid_argument("quantization must be none or fp8, got '" + options.quantization + "'");
   }
@@ -657,6 +688,15 @@ Expected<std::unique_ptr<Model>> Model::load(const std::string& path, ops::Backe
     L.w_down = b.matrix(p + "mlp.down_proj.weight", d, f, true, true);
   }
   OSP_RETURN_IF_ERROR(b.status());
+  if (kv_dtype == DType::kF8E4M3) {
+    model->kv_k_scales_.assign(static_cast<size_t>(c.num_layers), 1.0f);
+    model->kv_v_scales_.assign(static_cast<size_t>(c.num_layers), 1.0f);
+    for (int l = 0; l < c.num_layers && !dummy; ++l) {
+      const std::string p = "model.layers." + std::to_string(l) + ".self_attn.";
+      OSP_RETURN_IF_ERROR(read_kv_scale(m.weights, p + "k_scale", path, model->kv_k_scales_[static_cast<size_t>(l)]));
+      OSP_RETURN_IF_ERROR(read_kv_scale(m.weights, p + "v_scale", path, model->kv_v_scales_[static_cast<size_t>(l)]));
+    }
+  }
   if (fp8) {
     OSP_RETURN_IF_ERROR(quantize_fp8(m, backend));  // instead of the norm fold: see quantize_fp8
   } else {
@@ -693,6 +733,8 @@ KvCache Model::allocate_kv(int num_blocks, int block_size) {
     OSP_CHECK_MSG(k && v, "out of " << backend_->name() << " memory for " << num_blocks << " KV pages");
     layer.k = Tensor(k, kv_dtype_, {num_blocks, block_size, c.num_kv_heads, c.head_dim}, backend_->device());
     layer.v = Tensor(v, kv_dtype_, {num_blocks, block_size, c.num_kv_heads, c.head_dim}, backend_->device());
+    layer.k_scale = kv_k_scale(l);
+    layer.v_scale = kv_v_scale(l);
     kv.layers.push_back(layer);
   }
   return kv;

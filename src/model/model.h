@@ -27,7 +27,10 @@ struct ModelLoadOptions {
   // CPU, bfloat16 on CUDA), "float32", "bfloat16" or "float16". Float weights are
   // converted to it at upload on non-CPU backends; quantised weights stay packed.
   std::string dtype = "auto";
-  // KV page dtype: "auto" (the compute dtype), "float32", "bfloat16", "float16".
+  // KV page dtype: "auto" (the compute dtype), "float32", "bfloat16",
+  // "float16", or "fp8" (= "fp8_e4m3": one byte a value under a per-layer K
+  // and V scale, the checkpoint's self_attn.k_scale / v_scale where it has
+  // them, else 1).
   std::string kv_cache_dtype = "auto";
   // Tokenizer to use instead of the model's own ("" = the model's; a dummy
   // model has none). Recorded for load_tokenizer_for_model.
@@ -44,6 +47,9 @@ struct ModelLoadOptions {
 // "auto"/"float32"/"fp32"/"bfloat16"/"bf16"/"float16"/"fp16" -> dtype; "auto"
 // gives `automatic`. Errors name the accepted values.
 Expected<DType> parse_dtype_option(const std::string& value, DType automatic, const char* what);
+// ModelLoadOptions::kv_cache_dtype: parse_dtype_option's names, or "fp8" /
+// "fp8_e4m3" (F8_E4M3 pages).
+Expected<DType> parse_kv_dtype_option(const std::string& value, DType automatic);
 
 class Model {
  public:
@@ -68,6 +74,10 @@ class Model {
   // Activation dtype of forward (F32 or BF16) and dtype of the KV pages.
   DType activation_dtype() const { return act_dtype_; }
   DType kv_dtype() const { return kv_dtype_; }
+  // The scales of layer l's F8_E4M3 K and V pages (ops::LayerKv; 1 for the
+  // other KV dtypes).
+  float kv_k_scale(int l) const { return kv_k_scales_.empty() ? 1.0f : kv_k_scales_[static_cast<size_t>(l)]; }
+  float kv_v_scale(int l) const { return kv_v_scales_.empty() ? 1.0f : kv_v_scales_[static_cast<size_t>(l)]; }
   // The options the model was loaded with (tokenizer, load format).
   const ModelLoadOptions& load_options() const { return options_; }
   // True when the weights are random (load_format "dummy").
@@ -102,6 +112,7 @@ class Model {
   ModelLoadOptions options_;
   DType act_dtype_ = DType::kF32;
   DType kv_dtype_ = DType::kF32;
+  std::vector<float> kv_k_scales_, kv_v_scales_;  // per layer, F8_E4M3 pages only
 };
 
 }  // namespace osprey

@@ -71,10 +71,18 @@ struct AttentionBatch {
 };
 
 // One layer's paged KV cache:
-//   k, v: [num_blocks, block_size, num_kv_heads, head_dim], dtype F32 or F16/BF16.
+//   k, v: [num_blocks, block_size, num_kv_heads, head_dim], dtype F32, F16,
+//   BF16 or F8_E4M3 (one byte a value).
+// F8_E4M3 pages hold each value x as e4m3(x / scale) (round to nearest even,
+// magnitudes past 448 saturated), with one scale for the layer's K and one
+// for its V; reads give e4m3 * scale. Writers first round x to the
+// activation dtype, as kv_write's input already is. The scales are 1 for
+// the other dtypes and are ignored there.
 struct LayerKv {
   Tensor k;
   Tensor v;
+  float k_scale = 1.0f;
+  float v_scale = 1.0f;
 };
 
 class Backend {

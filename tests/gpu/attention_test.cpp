@@ -5,7 +5,9 @@
 // decode steps with 16-bit q and pages (the tensor-core decode kernel): odd
 // lengths, page boundaries, G = 1/2/4/8, hd 64/128, windows, forced splits,
 // one sequence at every count of used splits, and the in-kernel split merge
-// repeated and replayed from a CUDA graph (its counters reset every launch).
+// repeated and replayed from a CUDA graph (its counters reset every launch);
+// F8_E4M3 pages with K and V scales (decode, prefill and mixed steps, every
+// kernel family, kv_write bit for bit).
 #include <numeric>
 
 #include "gpu_test_util.h"
@@ -427,9 +429,112 @@ TEST_F(AttentionSplitTest, ForcedSplitsMatch) {
   }
 }
 
+// ---- F8_E4M3 pages -------------------------------------------------------------------
+// Scales of the F8 tests (ignored for the other page dtypes): K codes up to
+// 2 / 0.01 = 200, V codes up to 2 / 0.5 = 4, as in real layers where K
+// needs a smaller scale than V.
+constexpr float kF8KScale = 0.01f, kF8VScale = 0.5f;
+
+// One step with F8_E4M3 pages (codes of random values in [-2, 2] under
+// kF8KScale / kF8VScale) and q / out of dtype act, against the CPU backend
+// on the same pages and the same (rounded) q. 16-bit act: the tensor-core
+// decode kernel and the mma.sync prefill kernel's F8 variant (their q and P
+// in half, the output rounded to act); F32 act: the SIMT decode kernel and
+// the generic prefill kernel.
+void check_f8(ops::Backend& gpu, ops::Backend& cpu, DType act, Config c, const std::vector<SeqSpec>& seqs, int window,
+              uint32_t seed) {
+  c.kv_dtype = DType::kF8E4M3;
+  const std::string what = std::string(dtype_name(act)) + " q, " + tag(c, window, seqs);
+  Batch h(seqs, c.block_size, seed);
+  const int64_t n = h.num_tokens();
+  const size_t page_elems = static_cast<size_t>(h.num_blocks) * c.block_size * c.hk * c.hd;
+  auto codes = [&](float scale, uint32_t s) {
+    auto f = random_floats(page_elems, s, -2.0f, 2.0f);
+    std::vector<uint8_t> out(page_elems);
+    for (size_t i = 0; i < page_elems; ++i) out[i] = f32_to_f8e4m3(f[i] / scale);
+    return out;
+  };
+  const auto kp = codes(kF8KScale, seed + 1), vp = codes(kF8VScale, seed + 2);
+  const auto qf = random_floats(static_cast<size_t>(n * c.hq * c.hd), seed + 3, -2.0f, 2.0f);
+  const auto qb = pack(act, qf, 1, static_cast<int64_t>(qf.size()));
+  const auto qd = unpack(act, qb, 1, static_cast<int64_t>(qf.size()));
+  std::vector<float> qr(qd.begin(), qd.end());
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
+  const std::vector<int64_t> shape = {h.num_blocks, c.block_size, c.hk, c.hd};
+
+  std::vector<float> ref(qr.size());
+  {
+    ops::LayerKv kv;
+    kv.k = Tensor(const_cast<uint8_t*>(kp.data()), DType::kF8E4M3, shape.data(), 4);
+    kv.v = Tensor(const_cast<uint8_t*>(vp.data()), DType::kF8E4M3, shape.data(), 4);
+    kv.k_scale = kF8KScale;
+    kv.v_scale = kF8VScale;
+    Tensor qt(qr.data(), DType::kF32, {n, c.hq, c.hd}), ot(ref.data(), DType::kF32, {n, c.hq, c.hd});
+    const ops::AttentionBatch b = h.host();
+    cpu.paged_attention(qt, kv, b, scale, window, ot);
+  }
+  DeviceAttentionBatch db(gpu, h);
+  DeviceMem gk = upload(gpu, kp), gv = upload(gpu, vp), gq = upload(gpu, qb);
+  const size_t out_bytes = qb.size();
+  std::vector<uint8_t> poison(out_bytes, 0xff);  // NaN: every element must be written
+  DeviceMem go = upload(gpu, poison);
+  ops::LayerKv kv;
+  kv.k = Tensor(gk.get(), DType::kF8E4M3, shape.data(), 4, Device::kCuda);
+  kv.v = Tensor(gv.get(), DType::kF8E4M3, shape.data(), 4, Device::kCuda);
+  kv.k_scale = kF8KScale;
+  kv.v_scale = kF8VScale;
+  Tensor qt = dev_tensor(gq, act, {n, c.hq, c.hd}), ot = dev_tensor(go, act, {n, c.hq, c.hd});
+  gpu.paged_attention(qt, kv, db.b, scale, window, ot);
+  const auto got = unpack(act, download<uint8_t>(gpu, go, out_bytes), 1, static_cast<int64_t>(qr.size()));
+  // The CPU reads the same values (e4m3 * scale, fp32): the differences are
+  // the GPU's q and P in half and the output's rounding to act.
+  if (act == DType::kF32) {
+    expect_close(got, ref, 1e-10, 1e-5, what);
+  } else if (act == DType::kBF16) {
+    expect_close(got, ref, 5e-5, 2e-2, what);
+  } else {
+    expect_close(got, ref, 3e-6, 4e-3, what);
+  }
+}
+
+TEST_F(AttentionTest, F8PagesDecodeAcrossGroupsHeadDimsAndBlockSizes) {
+  uint32_t seed = 1300;
+  for (DType act : {DType::kBF16, DType::kF16, DType::kF32}) {
+    for (Config c :
+         {Config{8, 8, 128, 16, act}, Config{32, 8, 128, 16, act}, Config{16, 2, 128, 16, act},
+          Config{4, 4, 64, 16, act}, Config{8, 4, 64, 7, act}, Config{16, 2, 64, 1, act}, Config{32, 8, 128, 5, act}}) {
+      std::vector<SeqSpec> seqs;
+      for (int len : kDecodeLens) seqs.push_back({1, len});
+      check_f8(gpu(), cpu(), act, c, seqs, 0, seed += 7);
+      check_f8(gpu(), cpu(), act, c, seqs, 100, seed += 7);
+    }
+    check_f8(gpu(), cpu(), act, Config{32, 8, 128, 16, act}, {{1, 20000}}, 0, seed += 7);  // many splits
+  }
+}
+
+// Prompts, chunked prefill over earlier pages, and mixed steps (decode rows
+// first, as the engine orders them): the F8 variant of every mma.sync
+// prefill block shape the default choice reaches (short, few-wave and
+// many-wave prompts) next to the decode kernel.
+TEST_F(AttentionTest, F8PagesPrefillAndMixedSteps) {
+  uint32_t seed = 1500;
+  for (DType act : {DType::kBF16, DType::kF16}) {
+    for (Config c : {Config{32, 8, 128, 16, act}, Config{8, 2, 64, 16, act}, Config{9, 3, 128, 7, act}}) {
+      check_f8(gpu(), cpu(), act, c, kMixed, 0, seed += 7);
+      check_f8(gpu(), cpu(), act, c, kMixed, 9, seed += 7);
+      check_f8(gpu(), cpu(), act, c, {{1, 300}, {1, 47}, {64, 1000}, {200, 200}}, 0, seed += 7);
+      check_f8(gpu(), cpu(), act, c, {{700, 700}}, 0, seed += 7);
+      check_f8(gpu(), cpu(), act, c, {{2048, 2048}}, 0, seed += 7);
+      check_f8(gpu(), cpu(), act, c, {{512, 512}, {512, 1024}, {300, 512}, {512, 600}, {1, 5}}, 0, seed += 7);
+    }
+  }
+  check_f8(gpu(), cpu(), DType::kF32, Config{8, 2, 64, 16, DType::kF32}, kMixed, 0, seed += 7);
+  check_f8(gpu(), cpu(), DType::kF32, Config{9, 3, 96, 7, DType::kF32}, kMixed, 5, seed += 7);
+}
+
 TEST_F(AttentionTest, KvWriteMatchesCpu) {
   uint32_t seed = 700;
-  for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
+  for (DType t : {DType::kF32, DType::kF16, DType::kBF16, DType::kF8E4M3}) {
     for (Config c : {Config{4, 2, 64, 16, t}, Config{9, 3, 80, 7, t}}) {
       Batch h(kMixed, c.block_size, seed++);
       // Skip some tokens (slot -1), as the engine does for padding.
@@ -444,6 +549,8 @@ TEST_F(AttentionTest, KvWriteMatchesCpu) {
         ops::LayerKv kv;
         kv.k = Tensor(rk.data(), t, {h.num_blocks, c.block_size, c.hk, c.hd});
         kv.v = Tensor(rv.data(), t, {h.num_blocks, c.block_size, c.hk, c.hd});
+        kv.k_scale = kF8KScale;
+        kv.v_scale = kF8VScale;
         Tensor kt(k.data(), DType::kF32, {n, c.hk, c.hd}), vt(v.data(), DType::kF32, {n, c.hk, c.hd});
         const ops::AttentionBatch b = h.host();
         cpu().kv_write(kt, vt, b, kv);
@@ -453,6 +560,8 @@ TEST_F(AttentionTest, KvWriteMatchesCpu) {
       ops::LayerKv kv;
       kv.k = Tensor(gkp.get(), t, {h.num_blocks, c.block_size, c.hk, c.hd}, Device::kCuda);
       kv.v = Tensor(gvp.get(), t, {h.num_blocks, c.block_size, c.hk, c.hd}, Device::kCuda);
+      kv.k_scale = kF8KScale;
+      kv.v_scale = kF8VScale;
       Tensor kt = dev_tensor(gk, DType::kF32, {n, c.hk, c.hd}), vt = dev_tensor(gv, DType::kF32, {n, c.hk, c.hd});
       gpu().kv_write(kt, vt, db.b, kv);
       EXPECT_EQ(download<uint8_t>(gpu(), gkp, kp.size()), rk) << "K pages " << tag(c, 0, kMixed);

@@ -681,6 +681,14 @@ double tie_tolerance(const std::string& dtype) {
   return dtype == "float16" ? 0.25 : 0.5;
 }
 
+// The suite's dtype names: an engine dtype, or "bfloat16+fp8kv" (bf16
+// compute, FP8 E4M3 KV pages: the reference alone runs with them too).
+void apply_dtype(EngineConfig& c, const std::string& dtype) {
+  const bool fp8kv = dtype == "bfloat16+fp8kv";
+  c.dtype = fp8kv ? "bfloat16" : dtype;
+  if (fp8kv) c.kv_cache_dtype = "fp8";
+}
+
 struct HalfReference {
   std::vector<std::vector<int32_t>> ids;
   std::vector<std::vector<float>> gaps;  // gaps[r][t]: the reference's top-1 minus top-2 logprob at output t
@@ -710,7 +718,7 @@ class EngineGpuHalf : public ::testing::TestWithParam<std::tuple<std::string, En
     auto it = refs_.find(dtype);
     if (it != refs_.end()) return it->second.get();
     EngineConfig c = base_config(path);
-    c.dtype = dtype;
+    apply_dtype(c, dtype);
     auto e = Engine::create(c);
     if (!e.ok()) {
       ADD_FAILURE() << e.status().to_string();
@@ -753,7 +761,7 @@ class EngineGpuHalf : public ::testing::TestWithParam<std::tuple<std::string, En
     const std::string dtype = std::get<0>(GetParam());
     const HalfReference* ref = reference(c.model_path, dtype);
     ASSERT_NE(ref, nullptr) << "reference run failed";
-    c.dtype = dtype;
+    apply_dtype(c, dtype);
     auto e = make_engine_or_fail(c);
     ASSERT_NE(e, nullptr);
     const auto got = run_batch(*e, prompts(kNumPrompts), greedy());
@@ -801,14 +809,17 @@ TEST_P(EngineGpuHalf, MatchesAloneUpToNearTies) {
   if (v.check_stats) v.check_stats(last_stats_);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Dtypes, EngineGpuHalf,
-    ::testing::Combine(::testing::Values(std::string("bfloat16"), std::string("float16")),
-                       ::testing::ValuesIn(engine_variants())),
-    [](const ::testing::TestParamInfo<std::tuple<std::string, EngineVariant>>& info) {
-      return (std::get<0>(info.param) == "float16" ? std::string("f16_") : std::string("bf16_")) +
-             variant_name(std::get<1>(info.param));
-    });
+INSTANTIATE_TEST_SUITE_P(Dtypes, EngineGpuHalf,
+                         ::testing::Combine(::testing::Values(std::string("bfloat16"), std::string("float16"),
+                                                              std::string("bfloat16+fp8kv")),
+                                            ::testing::ValuesIn(engine_variants())),
+                         [](const ::testing::TestParamInfo<std::tuple<std::string, EngineVariant>>& info) {
+                           const std::string& d = std::get<0>(info.param);
+                           return (d == "float16"    ? std::string("f16_")
+                                   : d == "bfloat16" ? std::string("bf16_")
+                                                     : std::string("bf16fp8kv_")) +
+                                  variant_name(std::get<1>(info.param));
+                         });
 
 // Figures, not a test: OSPREY_GPU_BENCH=1 prints decode step times (graphs
 // vs eager) at batch 1/32/128 from the engine's step timing, with the

@@ -83,10 +83,12 @@ std::vector<Case> half_cases() {
 // checks: "auto" is bfloat16 on CUDA).
 Expected<std::unique_ptr<Model>> load_model(const std::string& path, ops::Backend& be,
                                             const std::string& dtype = "float32",
-                                            const std::string& quantization = "none") {
+                                            const std::string& quantization = "none",
+                                            const std::string& kv_cache_dtype = "auto") {
   ModelLoadOptions o;
   o.dtype = dtype;
   o.quantization = quantization;
+  o.kv_cache_dtype = kv_cache_dtype;
   return Model::load(path, be, o);
 }
 
@@ -125,6 +127,12 @@ constexpr double kF16ComputeMargin = 5e-3;
 // layout gives NMSE ~1.
 constexpr double kFp8Nmse = 6e-2;
 constexpr double kFp8Margin = 0.15;
+// KV pages in FP8 E4M3 (--kv-cache-dtype fp8, scale 1) with bf16 compute:
+// K and V rounded to 3 mantissa bits on top of the bf16 forward. The CPU
+// (fp32 compute, tests/unit/model/fp8_kv_test.cpp) measures the FP8 pages'
+// own share.
+constexpr double kFp8KvNmse = 2e-2;
+constexpr double kFp8KvMargin = 0.1;
 
 // OSPREY_GPU_TESTS_HARNESS_ON_CPU=1 runs the model tests on the CPU backend
 // instead: a check of this harness on machines without a GPU.
@@ -150,6 +158,8 @@ struct CheckOptions {
   bool print = false;
   // The model loaded with quantization fp8 (compute BF16): the FP8 bounds.
   bool fp8 = false;
+  // KV pages in FP8 E4M3 (compute BF16): the FP8 KV bounds.
+  bool kv_fp8 = false;
 };
 
 // Checks prompt logits and greedy tokens of every prompt of c's
@@ -159,17 +169,26 @@ struct CheckOptions {
 void check_case(const Case& c, ops::Backend& be, bool exact, DType compute, const CheckOptions& opt = {}) {
   const bool half = compute != DType::kF32;
   const bool bf16 = compute == DType::kBF16;
-  auto model = load_model(c.model_path, be, bf16 ? "bfloat16" : half ? "float16" : "float32", opt.fp8 ? "fp8" : "none");
+  auto model = load_model(c.model_path, be,
+                          bf16   ? "bfloat16"
+                          : half ? "float16"
+                                 : "float32",
+                          opt.fp8 ? "fp8" : "none", opt.kv_fp8 ? "fp8" : "auto");
   ASSERT_TRUE(model.ok()) << model.status().to_string();
   EXPECT_EQ((*model)->activation_dtype(), compute);
   const nlohmann::json expected = read_json(c.expected_path);
   const bool strict = !half && (exact || c.weights == Weights::kFp32Path);
-  const double nmse_bound = opt.fp8                      ? kFp8Nmse
+  const double nmse_bound = opt.kv_fp8                   ? kFp8KvNmse
+                            : opt.fp8                    ? kFp8Nmse
                             : bf16                       ? kBf16ComputeNmse
                             : half                       ? kF16ComputeNmse
                             : c.weights == Weights::kF16 ? kF16Nmse
                                                          : kBf16Nmse;
-  const double margin_bound = opt.fp8 ? kFp8Margin : bf16 ? kBf16ComputeMargin : half ? kF16ComputeMargin : kHalfMargin;
+  const double margin_bound = opt.kv_fp8 ? kFp8KvMargin
+                              : opt.fp8  ? kFp8Margin
+                              : bf16     ? kBf16ComputeMargin
+                              : half     ? kF16ComputeMargin
+                                         : kHalfMargin;
   ASSERT_FALSE(expected["prompts"].empty());
   for (const auto& p : expected["prompts"]) {
     const auto ids = p["ids"].get<std::vector<int32_t>>();
@@ -196,9 +215,13 @@ void check_case(const Case& c, ops::Backend& be, bool exact, DType compute, cons
         EXPECT_LE(e.nmse, nmse_bound) << what << " logits (max rel " << e.max_rel << ")";
       }
       if (half || opt.print) {
-        std::printf("%s %s: logits nmse %.3g max rel %.3g\n", opt.fp8 ? "fp8" : bf16 ? "bf16" : half ? "f16" : "fp32",
-                    what.c_str(),
-                    e.nmse, e.max_rel);
+        std::printf("%s %s: logits nmse %.3g max rel %.3g\n",
+                    opt.kv_fp8 ? "fp8 kv"
+                    : opt.fp8  ? "fp8"
+                    : bf16     ? "bf16"
+                    : half     ? "f16"
+                               : "fp32",
+                    what.c_str(), e.nmse, e.max_rel);
       }
     }
     const auto ref_greedy = p["greedy"].get<std::vector<int32_t>>();
@@ -276,6 +299,19 @@ TEST_P(ModelParity, Fp8WeightsNearReference) {
   opt.fp8 = true;
   opt.print = true;
   check_case(c, *be, false, DType::kBF16, opt);
+}
+
+// --kv-cache-dtype fp8 (E4M3 pages, bf16 compute) against the same
+// reference: every fixture, the prompt through the F8 variant of the prefill
+// kernel, the greedy steps through the F8 decode kernel.
+TEST_P(ModelParity, Fp8KvCacheNearReference) {
+  auto be = backend(false);
+  ASSERT_NE(be, nullptr);
+  if (harness_on_cpu()) GTEST_SKIP() << "bf16 compute needs the CUDA backend (the CPU's: tests/unit/model)";
+  CheckOptions opt;
+  opt.kv_fp8 = true;
+  opt.print = true;
+  check_case(GetParam(), *be, false, DType::kBF16, opt);
 }
 
 // A non-finite weight in a projection fails the FP8 load with an error that

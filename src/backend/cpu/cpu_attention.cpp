@@ -1,11 +1,14 @@
 // CpuBackend::kv_write and paged_attention over paged KV caches
-//   k, v pages: [num_blocks, block_size, num_kv_heads, head_dim], F32 (or F16/BF16).
+//   k, v pages: [num_blocks, block_size, num_kv_heads, head_dim], F32 (or
+//   F16/BF16, or F8_E4M3 with the layer's K and V scales: ops/backend.h).
 //
 // Attention is exact two-pass softmax in fp32 per (token, query head): scores
 // for the token's causal window, max, exp and sum, then the weighted sum of V
 // rows, divided by the sum at the end. The query heads of one GQA group are
 // done together so each K/V row is loaded once per group.
 #include <algorithm>
+#include <array>
+#include <cmath>
 #include <cstring>
 #include <limits>
 
@@ -16,12 +19,28 @@ namespace osprey::cpu {
 namespace {
 
 bool is_page_dtype(DType t) {
-  return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16;
+  return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16 || t == DType::kF8E4M3;
 }
 
-void store_row(const float* src, void* base, DType t, int64_t row, int64_t len) {
+// Every E4M3 code's value.
+const std::array<float, 256>& e4m3_table() {
+  static const std::array<float, 256> table = [] {
+    std::array<float, 256> t{};
+    for (int i = 0; i < 256; ++i) t[static_cast<size_t>(i)] = f8e4m3_to_f32(static_cast<uint8_t>(i));
+    return t;
+  }();
+  return table;
+}
+
+// Row `row` of `len` values from src; F8_E4M3 pages store src * inv_scale.
+void store_row(const float* src, void* base, DType t, int64_t row, int64_t len, float inv_scale) {
   if (t == DType::kF32) {
     std::memcpy(static_cast<float*>(base) + row * len, src, static_cast<size_t>(len) * sizeof(float));
+    return;
+  }
+  if (t == DType::kF8E4M3) {
+    uint8_t* p = static_cast<uint8_t*>(base) + row * len;
+    for (int64_t i = 0; i < len; ++i) p[i] = f32_to_f8e4m3(src[i] * inv_scale);
     return;
   }
   uint16_t* p = static_cast<uint16_t*>(base) + row * len;
@@ -37,7 +56,9 @@ void check_pages(const ops::LayerKv& kv) {
   OSP_CHECK_EQ(kv.v.ndim(), 4);
   for (int i = 0; i < 4; ++i) OSP_CHECK_EQ(kv.k.dim(i), kv.v.dim(i));
   OSP_CHECK_MSG(is_page_dtype(kv.k.dtype()) && kv.k.dtype() == kv.v.dtype(),
-                "KV pages must be F32, F16 or BF16, got " << dtype_name(kv.k.dtype()));
+                "KV pages must be F32, F16, BF16 or F8_E4M3, got " << dtype_name(kv.k.dtype()));
+  OSP_CHECK_MSG(std::isfinite(kv.k_scale) && kv.k_scale > 0.0f && std::isfinite(kv.v_scale) && kv.v_scale > 0.0f,
+                "KV scales must be positive and finite, got " << kv.k_scale << ", " << kv.v_scale);
 }
 
 }  // namespace
@@ -56,12 +77,13 @@ void CpuBackend::kv_write(const Tensor& k, const Tensor& v, const ops::Attention
   const float* kp = k.data_as<float>();
   const float* vp = v.data_as<float>();
   const DType t = kv.k.dtype();
+  const float k_inv = 1.0f / kv.k_scale, v_inv = 1.0f / kv.v_scale;
   for (int64_t i = 0; i < n; ++i) {
     const int32_t slot = batch.slot_mapping[i];
     if (slot < 0) continue;
     OSP_CHECK_MSG(slot < num_slots, "kv_write: slot " << slot << " beyond " << num_slots);
-    store_row(kp + i * row, kv.k.data(), t, slot, row);
-    store_row(vp + i * row, kv.v.data(), t, slot, row);
+    store_row(kp + i * row, kv.k.data(), t, slot, row, k_inv);
+    store_row(vp + i * row, kv.v.data(), t, slot, row, v_inv);
   }
 }
 
@@ -113,8 +135,17 @@ void CpuBackend::paged_attention(const Tensor& q, const ops::LayerKv& kv, const 
     float* inv = buf + bs * hd;
     // F16/BF16 pages: the run's rows widened (exactly) into buf, then the
     // fp32 kernels; each row's arithmetic is that of an fp32 page holding
-    // the same values.
-    auto widened = [&](const char* base, int64_t r, int64_t cnt) {
+    // the same values. F8_E4M3 pages: each value times the scale (one fp32
+    // product).
+    auto widened = [&](const char* base, int64_t r, int64_t cnt, float page_scale) {
+      if (pt == DType::kF8E4M3) {
+        const std::array<float, 256>& e4m3 = e4m3_table();
+        for (int64_t i = 0; i < cnt; ++i) {
+          const uint8_t* src = reinterpret_cast<const uint8_t*>(base) + (r + i * hk) * hd;
+          for (int64_t d = 0; d < hd; ++d) buf[i * hd + d] = e4m3[src[d]] * page_scale;
+        }
+        return static_cast<const float*>(buf);
+      }
       const uint16_t* src = reinterpret_cast<const uint16_t*>(base) + r * hd;
       if (pt == DType::kF16) {
         kern.widen_f16(src, hk * hd, cnt, hd, buf);
@@ -154,7 +185,8 @@ void CpuBackend::paged_attention(const Tensor& q, const ops::LayerKv& kv, const 
           kern.attn_scores(qv, static_cast<int>(group), hd, reinterpret_cast<const float*>(kbase) + r * hd, hk * hd,
                            cnt, scale, scores + off, ld);
         } else {
-          kern.attn_scores(qv, static_cast<int>(group), hd, widened(kbase, r, cnt), hd, cnt, scale, scores + off, ld);
+          kern.attn_scores(qv, static_cast<int>(group), hd, widened(kbase, r, cnt, kv.k_scale), hd, cnt, scale,
+                           scores + off, ld);
         }
       });
       for (int64_t h = 0; h < group; ++h) {
@@ -171,7 +203,8 @@ void CpuBackend::paged_attention(const Tensor& q, const ops::LayerKv& kv, const 
           kern.attn_accum(scores + off, ld, static_cast<int>(group), hd,
                           reinterpret_cast<const float*>(vbase) + r * hd, hk * hd, cnt, o);
         } else {
-          kern.attn_accum(scores + off, ld, static_cast<int>(group), hd, widened(vbase, r, cnt), hd, cnt, o);
+          kern.attn_accum(scores + off, ld, static_cast<int>(group), hd, widened(vbase, r, cnt, kv.v_scale), hd, cnt,
+                          o);
         }
       });
       for (int64_t h = 0; h < group; ++h) kern.scale(inv[h], o + h * hd, hd);

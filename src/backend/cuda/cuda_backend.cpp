@@ -424,7 +424,9 @@ void CudaBackend::run_qkv_rope(const Tensor* rms_x, float rms_eps, const Tensor*
   OSP_CHECK_MSG((hq + 2 * hk) * hd == qkv.cols(),
                 "qkv_rope_kv_write: qkv has " << qkv.cols() << " columns, not (hq + 2 hk) * hd");
   OSP_CHECK_EQ(kv.k.dim(3), hd);
-  OSP_CHECK_MSG(kv.k.dtype() == kv.v.dtype() && is_float_dtype(kv.k.dtype()), "KV pages must be F32, F16 or BF16");
+  OSP_CHECK_MSG(kv.k.dtype() == kv.v.dtype() && is_kv_page_dtype(kv.k.dtype()),
+                "KV pages must be F32, F16, BF16 or F8_E4M3");
+  if (kv.k.dtype() == DType::kF8E4M3) check_kv_scales(kv.k_scale, kv.v_scale);
   OSP_CHECK(rope.inv_freq != nullptr);
   OSP_CHECK(rope.rotary_dim > 0 && rope.rotary_dim % 2 == 0 && rope.rotary_dim <= hd);
   OSP_CHECK_MSG(q_norm.defined() == k_norm.defined(), "q_norm and k_norm go together");
@@ -466,6 +468,10 @@ void CudaBackend::run_qkv_rope(const Tensor* rms_x, float rms_eps, const Tensor*
   a.cache_dtype = kv.k.dtype();
   a.k_cache = kv.k.data();
   a.v_cache = kv.v.data();
+  if (a.cache_dtype == DType::kF8E4M3) {
+    a.k_inv_scale = 1.0f / kv.k_scale;
+    a.v_inv_scale = 1.0f / kv.v_scale;
+  }
   a.num_slots = kv.k.dim(0) * kv.k.dim(1);
   if (rms_x) {
     a.rms_inv = row_inv_rms_pass(*rms_x, rms_eps);

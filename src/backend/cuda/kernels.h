@@ -120,6 +120,8 @@ struct QkvRopeArgs {
   DType cache_dtype = DType::kF32;
   void* k_cache = nullptr;
   void* v_cache = nullptr;
+  // F8_E4M3 pages: 1 / the layer's K and V scales (attention/kv_fp8.cuh).
+  float k_inv_scale = 1.0f, v_inv_scale = 1.0f;
   int64_t num_slots = 0;
   const void* rms_x = nullptr;
   int64_t rms_d = 0;
@@ -221,16 +223,24 @@ inline void launch_dequant_rows(DType dtype, const void* w, int64_t row_bytes, i
 
 // Writes k, v [n, hk, hd] (act dtype) into the pages at slot_mapping[t] (page *
 // block_size + row, -1 skips; slots >= num_slots are skipped). Caches are
-// [num_slots, hk, hd] of cache_dtype (F32, F16 or BF16).
+// [num_slots, hk, hd] of cache_dtype (F32, F16, BF16, or F8_E4M3 storing
+// k * k_inv_scale and v * v_inv_scale: attention/kv_fp8.cuh).
+// KV page dtypes of the CUDA kernels: F32, F16, BF16, F8_E4M3.
+bool is_kv_page_dtype(DType t);
+// Checks a layer's F8_E4M3 scales (positive, finite; any for the others).
+void check_kv_scales(float k_scale, float v_scale);
+
 void launch_kv_write(DType act, const void* k, const void* v, const int32_t* slot_mapping, int64_t n, int hk, int hd,
-                     DType cache_dtype, void* k_cache, void* v_cache, int64_t num_slots, cudaStream_t stream);
+                     DType cache_dtype, void* k_cache, void* v_cache, int64_t num_slots, float k_inv_scale,
+                     float v_inv_scale, cudaStream_t stream);
 
 struct PagedAttentionArgs {
   DType act = DType::kF32;        // dtype of q and out (F32, BF16 or F16)
   const void* q = nullptr;        // [num_tokens, hq, hd]
   const void* k_cache = nullptr;  // [num_blocks, block_size, hk, hd] of kv_dtype
   const void* v_cache = nullptr;
-  DType kv_dtype = DType::kF32;
+  DType kv_dtype = DType::kF32;          // F32, F16, BF16 or F8_E4M3
+  float k_scale = 1.0f, v_scale = 1.0f;  // F8_E4M3 pages: value = e4m3 * scale (attention/kv_fp8.cuh)
   int num_blocks = 0;
   int block_size = 0;
   int hq = 0, hk = 0, hd = 0;

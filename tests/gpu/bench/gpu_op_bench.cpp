@@ -116,22 +116,37 @@ int32_t* upload_ints(ops::Backend& be, const std::vector<int32_t>& v) {
 // as graphs), so launch gaps are not counted; the time includes the split
 // merge kernel when the plan splits. Returns microseconds per call and sets
 // kv_bytes (K + V bytes one call must read).
+// OSPREY_BENCH_KV=fp8: F8_E4M3 pages (else BF16).
+bool bench_kv_fp8() {
+  const char* v = std::getenv("OSPREY_BENCH_KV");
+  return v != nullptr && std::strcmp(v, "fp8") == 0;
+}
+
 double time_decode_attention(ops::Backend& be, int batch, int ctx, size_t& kv_bytes, int& sets) {
   const int hq = 32, hk = 8, hd = 128, bs = 16;
   const int pages_per_seq = (ctx + bs - 1) / bs;
-  const size_t page_bytes = size_t{bs} * hk * hd * 2;  // one page of K (or V)
+  const bool f8 = bench_kv_fp8();
+  const DType kv_dtype = f8 ? DType::kF8E4M3 : DType::kBF16;
+  const size_t page_bytes = size_t{bs} * hk * hd * (f8 ? 1 : 2);  // one page of K (or V)
   kv_bytes = 2 * page_bytes * static_cast<size_t>(pages_per_seq) * static_cast<size_t>(batch);
   sets = static_cast<int>(std::clamp<size_t>(((size_t{1} << 30) + kv_bytes - 1) / kv_bytes, 1, 64));
   const int64_t num_blocks = int64_t{sets} * batch * pages_per_seq;
   Buf kc(be, static_cast<size_t>(num_blocks) * page_bytes), vc(be, static_cast<size_t>(num_blocks) * page_bytes);
   Buf q(be, size_t{2} * batch * hq * hd), out(be, size_t{2} * batch * hq * hd);
   ops::LayerKv kv;
-  kv.k = Tensor(kc.p, DType::kBF16, {num_blocks, bs, hk, hd}, Device::kCuda);
-  kv.v = Tensor(vc.p, DType::kBF16, {num_blocks, bs, hk, hd}, Device::kCuda);
+  kv.k = Tensor(kc.p, kv_dtype, {num_blocks, bs, hk, hd}, Device::kCuda);
+  kv.v = Tensor(vc.p, kv_dtype, {num_blocks, bs, hk, hd}, Device::kCuda);
   Tensor qt(q.p, DType::kBF16, {batch, hq, hd}, Device::kCuda);
   Tensor ot(out.p, DType::kBF16, {batch, hq, hd}, Device::kCuda);
-  be.fill_uniform(kv.k, 1, -2.0f, 2.0f);
-  be.fill_uniform(kv.v, 2, -2.0f, 2.0f);
+  if (f8) {  // codes 0x3a / 0xb5 (1.25, -0.8125) under scales 0.5, 2
+    cudaMemset(kc.p, 0x3a, static_cast<size_t>(num_blocks) * page_bytes);
+    cudaMemset(vc.p, 0xb5, static_cast<size_t>(num_blocks) * page_bytes);
+    kv.k_scale = 0.5f;
+    kv.v_scale = 2.0f;
+  } else {
+    be.fill_uniform(kv.k, 1, -2.0f, 2.0f);
+    be.fill_uniform(kv.v, 2, -2.0f, 2.0f);
+  }
   be.fill_uniform(qt, 3, -2.0f, 2.0f);
 
   std::vector<int32_t> perm(static_cast<size_t>(num_blocks));
@@ -207,8 +222,10 @@ void decode_attention_sweep(ops::Backend& be, double copy_gbs) {
   const char* env = std::getenv("OSPREY_DECODE_ATTENTION");
   const std::string kernel = env != nullptr && std::strcmp(env, "simt") == 0 ? "simt" : "default";
   const char* min_keys = std::getenv("OSPREY_DECODE_MIN_KEYS");
-  std::printf("decode attention, BF16, hq 32 hk 8 hd 128, block_size 16, kernel %s, OSPREY_DECODE_MIN_KEYS=%s\n",
-              kernel.c_str(), min_keys != nullptr ? min_keys : "(unset)");
+  std::printf(
+      "decode attention, BF16 q, %s pages, hq 32 hk 8 hd 128, block_size 16, kernel %s, "
+      "OSPREY_DECODE_MIN_KEYS=%s\n",
+      bench_kv_fp8() ? "F8_E4M3" : "BF16", kernel.c_str(), min_keys != nullptr ? min_keys : "(unset)");
   std::printf("%-8s %-6s %6s %6s %10s %10s %8s\n", "batch", "ctx", "splits", "sets", "us", "GB/s KV", "% copy");
   std::vector<std::pair<int, int>> shapes;
   for (int batch : {1, 8, 32, 64, 128})

@@ -7,7 +7,9 @@
 //
 // Usage: model_bench [config name, default llama-3-8b] [dtype, default bfloat16] [--decode-only] [--ctx N]...
 //        [--ttft-reps N] [--ttft-gap-ms G] [--batch N]... [--pool-gb G] [--scatter] [--mixed P] [--profile-step]
-//        [--ctx-spread F] [--fp8]
+//        [--ctx-spread F] [--fp8] [--kv-cache-dtype D]
+// --kv-cache-dtype D: the KV pages' dtype (ModelLoadOptions::kv_cache_dtype,
+// e.g. fp8; default auto = the compute dtype); MBU counts their bytes.
 // --decode-only skips the TTFT and prefill breakdown (A/B runs of decode
 // switches such as OSPREY_CUDA_NO_PDL=1, which the header line echoes);
 // --ctx N (repeatable, 1..8192) replaces the decode contexts 512, 2048,
@@ -568,6 +570,7 @@ int main(int argc, char** argv) {
   bool graph_edges = false;
   bool pdl_gemm = false;
   bool fp8 = false;
+  std::string kv_cache_dtype = "auto";
   // The value of option argv[i] (i advanced past it) if it is an integer in
   // [lo, hi]; otherwise a message and false.
   auto int_arg = [&](int& i, int lo, int hi, int& out) {
@@ -586,6 +589,8 @@ int main(int argc, char** argv) {
       pdl_gemm = true;
     } else if (a == "--fp8") {
       fp8 = true;
+    } else if (a == "--kv-cache-dtype" && has_value) {
+      kv_cache_dtype = argv[++i];
     } else if (a == "--graph-edges") {
       graph_edges = true;
     } else if (a == "--profile-step") {
@@ -671,6 +676,7 @@ int main(int argc, char** argv) {
   o.load_format = "dummy";
   o.dtype = dtype;
   if (fp8) o.quantization = "fp8";
+  o.kv_cache_dtype = kv_cache_dtype;
   const auto t_load = std::chrono::steady_clock::now();
   auto model_or = Model::load(config, be, o);
   if (!model_or.ok()) {

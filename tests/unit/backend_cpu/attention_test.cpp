@@ -290,6 +290,97 @@ TEST_P(AttentionTest, KvWriteScattersAndSkips) {
   }
 }
 
+// F8_E4M3 pages: each value is read as e4m3(code) * the layer's scale (one
+// fp32 product), so attention over them equals, bit for bit, attention over
+// F32 pages holding those products: K and V scales differ, prefill and
+// decode rows, GQA, windows, one-slot pages, odd head dims. Unused pages
+// hold saturated garbage.
+TEST_P(AttentionTest, F8PagesBitIdenticalToF32PagesOfTheirValues) {
+  auto be = make_backend(GetParam());
+  uint32_t seed = 71;
+  for (auto [bs, hq, hk, hd, window] : {std::tuple<int64_t, int64_t, int64_t, int64_t, int>{16, 9, 3, 64, 0},
+                                        {1, 8, 2, 64, 5},
+                                        {4, 6, 2, 13, 0},
+                                        {16, 32, 8, 128, 9}}) {
+    PagedSetup p = make_setup({{40, 1}, {23, 23}, {17, 2}}, bs, hk, hd, DType::kF32, seed++);
+    const int64_t slots = p.num_blocks * bs * hk * hd;
+    const float k_scale = 0.002f, v_scale = 0.75f;  // |k| / 0.002 up to 500: some K codes saturate
+    std::vector<uint8_t> k8(static_cast<size_t>(slots)), v8(static_cast<size_t>(slots));
+    std::vector<float> k32(static_cast<size_t>(slots)), v32(static_cast<size_t>(slots));
+    const float* kp = reinterpret_cast<const float*>(p.kpages.data());
+    const float* vp = reinterpret_cast<const float*>(p.vpages.data());
+    for (int64_t i = 0; i < slots; ++i) {
+      k8[static_cast<size_t>(i)] = f32_to_f8e4m3(kp[i] / k_scale);
+      v8[static_cast<size_t>(i)] = f32_to_f8e4m3(vp[i] / v_scale);
+      k32[static_cast<size_t>(i)] = f8e4m3_to_f32(k8[static_cast<size_t>(i)]) * k_scale;
+      v32[static_cast<size_t>(i)] = f8e4m3_to_f32(v8[static_cast<size_t>(i)]) * v_scale;
+    }
+    const int64_t n = p.batch.num_tokens;
+    const auto q = random_floats(static_cast<size_t>(n * hq * hd), seed++, -2.0f, 2.0f);
+    std::vector<float> out_f8(q.size(), -1.0f), out_f32(q.size(), -2.0f);
+    Tensor qt(const_cast<float*>(q.data()), DType::kF32, {n, hq, hd});
+    Tensor o8(out_f8.data(), DType::kF32, {n, hq, hd});
+    Tensor of(out_f32.data(), DType::kF32, {n, hq, hd});
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    ops::LayerKv kv8;
+    kv8.k = Tensor(k8.data(), DType::kF8E4M3, {p.num_blocks, bs, hk, hd});
+    kv8.v = Tensor(v8.data(), DType::kF8E4M3, {p.num_blocks, bs, hk, hd});
+    kv8.k_scale = k_scale;
+    kv8.v_scale = v_scale;
+    be->paged_attention(qt, kv8, p.batch, scale, window, o8);
+    ops::LayerKv kv32;
+    kv32.k = Tensor(k32.data(), DType::kF32, {p.num_blocks, bs, hk, hd});
+    kv32.v = Tensor(v32.data(), DType::kF32, {p.num_blocks, bs, hk, hd});
+    be->paged_attention(qt, kv32, p.batch, scale, window, of);
+    EXPECT_EQ(out_f8, out_f32) << "bs=" << bs << " hq=" << hq << " hk=" << hk << " hd=" << hd;
+    // And the scales matter: the same codes read with K scale 1 give other outputs.
+    kv8.k_scale = 1.0f;
+    be->paged_attention(qt, kv8, p.batch, scale, window, o8);
+    EXPECT_NE(out_f8, out_f32);
+  }
+}
+
+// kv_write into F8_E4M3 pages stores f32_to_f8e4m3(x / scale) (via the
+// inverse scale): rounding to nearest even, saturation at 448, skipped slots.
+TEST_P(AttentionTest, KvWriteF8StoresScaledCodes) {
+  auto be = make_backend(GetParam());
+  const int64_t nb = 3, bs = 4, hk = 2, hd = 16, row = hk * hd;
+  std::vector<uint8_t> kpages(static_cast<size_t>(nb * bs * row), 0x11), vpages = kpages;
+  ops::LayerKv kv;
+  kv.k = Tensor(kpages.data(), DType::kF8E4M3, {nb, bs, hk, hd});
+  kv.v = Tensor(vpages.data(), DType::kF8E4M3, {nb, bs, hk, hd});
+  kv.k_scale = 0.25f;  // k / 0.25: values up to 4 * 200 = 800 saturate
+  kv.v_scale = 2.0f;
+  const std::vector<int32_t> slots = {5, -1, 11, 0};
+  const int64_t n = static_cast<int64_t>(slots.size());
+  auto k = random_floats(static_cast<size_t>(n * row), 41, -200.0f, 200.0f);
+  const auto v = random_floats(static_cast<size_t>(n * row), 42, -3.0f, 3.0f);
+  k[3] = 0.0f;
+  k[4] = -1e-9f;  // below the smallest subnormal: +-0
+  ops::AttentionBatch batch;
+  batch.num_tokens = static_cast<int>(n);
+  batch.slot_mapping = slots.data();
+  Tensor kt(k.data(), DType::kF32, {n, hk, hd});
+  Tensor vt(const_cast<float*>(v.data()), DType::kF32, {n, hk, hd});
+  be->kv_write(kt, vt, batch, kv);
+  std::vector<uint8_t> kexp(kpages.size(), 0x11), vexp(vpages.size(), 0x11);
+  int saturated = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t slot = slots[static_cast<size_t>(i)];
+    if (slot < 0) continue;
+    for (int64_t e = 0; e < row; ++e) {
+      const float kx = k[static_cast<size_t>(i * row + e)];
+      kexp[static_cast<size_t>(slot * row + e)] = f32_to_f8e4m3(kx * 4.0f);
+      vexp[static_cast<size_t>(slot * row + e)] = f32_to_f8e4m3(v[static_cast<size_t>(i * row + e)] * 0.5f);
+      saturated += std::fabs(kx * 4.0f) > 448.0f;
+    }
+  }
+  EXPECT_GT(saturated, 10);
+  EXPECT_EQ(kpages, kexp);
+  EXPECT_EQ(vpages, vexp);
+  for (int64_t e = 0; e < row; ++e) EXPECT_NE(kpages[static_cast<size_t>(5 * row + e)], 0x11) << e;
+}
+
 INSTANTIATE_TEST_SUITE_P(Variants, AttentionTest, testing::ValuesIn(all_variants()), variant_name);
 
 }  // namespace

@@ -75,6 +75,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "backend/cuda/attention/kv_fp8.cuh"
 #include "backend/cuda/attention/mma_ptx.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_common.cuh"
@@ -154,8 +155,8 @@ __global__ void __launch_bounds__(kThreads) simt_decode_kernel(PagedAttentionArg
       valid[u] = p < my_hi;
       if (valid[u]) {
         const int64_t slot = static_cast<int64_t>(pages[p / bs]) * bs + p % bs;
-        load8_act<KvT>(kc + slot * slot_stride + row_off, kv[u]);
-        load8_act<KvT>(vc + slot * slot_stride + row_off, vv[u]);
+        load8_kv<KvT>(kc + slot * slot_stride + row_off, kv[u], a.k_scale);
+        load8_kv<KvT>(vc + slot * slot_stride + row_off, vv[u], a.v_scale);
       }
     }
     float s[kUnroll][kG];
@@ -250,11 +251,11 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
 // Shared memory: the warps' stage rings [kMmaWarps][kStages][K, V][kTileKeys
-// rows of 2 kHd bytes], reused after the key loop for the merge
-// (sO [kMmaWarps][kG][kHd], sM, sL [kMmaWarps][kG], fp32).
-template <int kHd, int kG>
+// rows of kHd page values (2 kHd bytes, kHd for F8)], reused after the key
+// loop for the merge (sO [kMmaWarps][kG][kHd], sM, sL [kMmaWarps][kG], fp32).
+template <int kHd, int kG, int kValueBytes = 2>
 constexpr size_t mma_smem_bytes() {
-  constexpr size_t pipe = size_t{kMmaWarps} * kStages * 2 * kTileKeys * kHd * 2;
+  constexpr size_t pipe = size_t{kMmaWarps} * kStages * 2 * kTileKeys * kHd * kValueBytes;
   constexpr size_t merge = sizeof(float) * kMmaWarps * kG * (kHd + 2);
   return pipe > merge ? pipe : merge;
 }
@@ -368,24 +369,45 @@ __device__ __forceinline__ void merge_splits_if_last(const PagedAttentionArgs& a
 
 // Byte offset of 16-byte chunk c of key row r in a stage tile (rows of
 // kRowBytes; the chunk index XOR r % 8 spreads ldmatrix's 8 rows over the
-// banks).
+// banks; 64-byte rows, two to a bank line, XOR (r / 2) % 4).
 template <int kRowBytes>
 __device__ __forceinline__ int tile_offset(int r, int c) {
+  static_assert(kRowBytes >= 128 || kRowBytes == 64, "stage rows of 64 or >= 128 bytes");
+  if constexpr (kRowBytes == 64) return r * kRowBytes + ((c ^ ((r >> 1) & 3)) << 4);
   return r * kRowBytes + ((c ^ (r & 7)) << 4);
 }
 
-template <int kHd, int kG, class T>
+// KvT = T (16-bit pages) or KvF8 (F8_E4M3 pages). F8 pages: the tiles are
+// copied as they are (kHd bytes a row) and their fragments converted to
+// half in registers (exact), so both products are f16 MMAs: q is rounded
+// to half (exact for bf16 values of magnitude 2^-14 to 65504), P to half,
+// the K scale goes on the fp32 scores and the V scale on the output. The
+// fragments take the head dims in another order than the 16-bit pages',
+// the same for both operands of a product (a dot product does not depend
+// on it):
+// * S = Q K^T, k step kk of 16 dims: ldmatrix of the 16-byte chunk of
+//   dims [16 kk, 16 kk + 16) gives lane (g, q) bytes 4q..4q+3 of key g,
+//   dims 16 kk + 4q + (0..3); MMA k index 2q + e is dim 16 kk + 4q + e and
+//   2q + 8 + e is dim 16 kk + 4q + 2 + e (e < 2); q's fragment is loaded
+//   to match.
+// * O += P V: n tile t = 4 T + e holds, for column n, dim 4 (8 T + n) + e:
+//   lane (g, q) reads the word of dims 4 (8 T + g) + (0..3) of keys 2q,
+//   2q + 1, 2q + 8, 2q + 9 (32-bit shared loads) and interleaves each pair
+//   of keys' bytes (prmt) into the e4m3 pairs of its B fragments.
+template <int kHd, int kG, class T, class KvT>
 __global__ void __launch_bounds__(kMmaThreads) mma_decode_kernel(PagedAttentionArgs a) {
-  using M = Mma16<T>;
-  constexpr int kChunks = kHd / 8;                      // 16-byte chunks per key row
-  constexpr int kRowBytes = kHd * 2;
+  constexpr bool kF8 = kIsKvF8<KvT>;
+  using M = Mma16<std::conditional_t<kF8, __half, T>>;
+  constexpr int kRowBytes = kHd * static_cast<int>(sizeof(KvT));
+  constexpr int kChunks = kRowBytes / 16;               // 16-byte chunks per key row
   constexpr int kTileBytes = kTileKeys * kRowBytes;     // one K or V tile
   constexpr int kRowsPerStep = 32 / kChunks;            // key rows one warp-wide copy step covers
   constexpr int kCopySteps = kTileKeys / kRowsPerStep;  // 16-byte copies per lane per K (or V) tile
   constexpr int kKSteps = kHd / 16;
   constexpr int kNTiles = kHd / 8;
   static_assert(kG >= 1 && kG <= 8, "query heads per KV head are rows 0..7 of the MMA");
-  static_assert(mma_smem_bytes<kHd, kG>() >= sizeof(float) * (kG * kMaxDecodeSplitsMerged + 1),
+  constexpr size_t kSmem = mma_smem_bytes<kHd, kG, static_cast<int>(sizeof(KvT))>();
+  static_assert(kSmem >= sizeof(float) * (kG * kMaxDecodeSplitsMerged + 1),
                 "the split merge's weights and flag fit the stage rings");
   extern __shared__ __align__(16) unsigned char mma_smem[];
 
@@ -442,7 +464,8 @@ __global__ void __launch_bounds__(kMmaThreads) mma_decode_kernel(PagedAttentionA
   const int num_tiles = (my_hi - my_lo + kTileKeys - 1) / kTileKeys;
   const int my_tiles = num_tiles > warp ? (num_tiles - warp + kMmaWarps - 1) / kMmaWarps : 0;
 
-  const float score_scale = a.scale * kLog2e;  // scores in the log2 domain
+  // Scores in the log2 domain (F8 pages: times the K scale).
+  const float score_scale = (kF8 ? a.scale * a.k_scale : a.scale) * kLog2e;
 
   const int32_t* pages = a.block_indices + a.block_indptr[seq];
   const unsigned char* kc = static_cast<const unsigned char*>(a.k_cache);
@@ -507,9 +530,15 @@ __global__ void __launch_bounds__(kMmaThreads) mma_decode_kernel(PagedAttentionA
       qa[kk][0] = 0u;
       qa[kk][1] = 0u;
       if (g < kG) {
-        const T* r = q + g * kHd + 16 * kk + 2 * qd;
-        qa[kk][0] = M::pack(to_float(r[0]), to_float(r[1]));
-        qa[kk][1] = M::pack(to_float(r[8]), to_float(r[9]));
+        if constexpr (kF8) {  // dims 16 kk + 4 qd + (0, 1) and (2, 3) (kernel comment)
+          const T* r = q + g * kHd + 16 * kk + 4 * qd;
+          qa[kk][0] = M::pack(to_float(r[0]), to_float(r[1]));
+          qa[kk][1] = M::pack(to_float(r[2]), to_float(r[3]));
+        } else {
+          const T* r = q + g * kHd + 16 * kk + 2 * qd;
+          qa[kk][0] = M::pack(to_float(r[0]), to_float(r[1]));
+          qa[kk][1] = M::pack(to_float(r[8]), to_float(r[9]));
+        }
       }
     }
   }
@@ -528,13 +557,32 @@ __global__ void __launch_bounds__(kMmaThreads) mma_decode_kernel(PagedAttentionA
 
     // S[g][key] for keys 2qd, 2qd + 1 (s[0]) and 8 + 2qd, 9 + 2qd (s[1]).
     float s[2][4] = {};
+    if constexpr (kF8) {
+      // Matrix m of an ldmatrix.x4: keys 8 (m % 2) + (0..7), chunk 2 kk2 + m / 2.
 #pragma unroll
-    for (int kk = 0; kk < kKSteps; ++kk) {
-      uint32_t b[4];
-      const int r = (lane & 7) + ((lane >> 4) << 3);
-      ldmatrix_x4(b, sk + tile_offset<kRowBytes>(r, 2 * kk + ((lane >> 3) & 1)));
-      M::mma(s[0], qa[kk][0], qa[kk][1], b[0], b[1]);
-      M::mma(s[1], qa[kk][0], qa[kk][1], b[2], b[3]);
+      for (int kk2 = 0; kk2 < kKSteps / 2; ++kk2) {
+        uint32_t b[4];
+        const int mat = lane >> 3;
+        ldmatrix_x4(b, sk + tile_offset<kRowBytes>((lane & 7) + ((mat & 1) << 3), 2 * kk2 + (mat >> 1)));
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int kk = 2 * kk2 + h;
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            const uint32_t w = b[2 * h + j];
+            M::mma(s[j], qa[kk][0], qa[kk][1], e4m3x2_to_half2_bits(w), e4m3x2_to_half2_bits(w >> 16));
+          }
+        }
+      }
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < kKSteps; ++kk) {
+        uint32_t b[4];
+        const int r = (lane & 7) + ((lane >> 4) << 3);
+        ldmatrix_x4(b, sk + tile_offset<kRowBytes>(r, 2 * kk + ((lane >> 3) & 1)));
+        M::mma(s[0], qa[kk][0], qa[kk][1], b[0], b[1]);
+        M::mma(s[1], qa[kk][0], qa[kk][1], b[2], b[3]);
+      }
     }
     const int key0 = my_lo + (warp + i * kMmaWarps) * kTileKeys + 2 * qd;
     float mt = -INFINITY;
@@ -565,13 +613,35 @@ __global__ void __launch_bounds__(kMmaThreads) mma_decode_kernel(PagedAttentionA
     // P as the A operand: keys 0..7 are s[0]'s columns, 8..15 s[1]'s.
     const uint32_t pa0 = M::pack(p[0][0], p[0][1]);
     const uint32_t pa2 = M::pack(p[1][0], p[1][1]);
+    if constexpr (kF8) {
 #pragma unroll
-    for (int jj = 0; jj < kHd / 16; ++jj) {
-      uint32_t b[4];
-      const int r = (lane & 7) + (((lane >> 3) & 1) << 3);
-      ldmatrix_x4_trans(b, sv + tile_offset<kRowBytes>(r, 2 * jj + (lane >> 4)));
-      M::mma(o[2 * jj], pa0, pa2, b[0], b[1]);
-      M::mma(o[2 * jj + 1], pa0, pa2, b[2], b[3]);
+      for (int tt = 0; tt < kHd / 32; ++tt) {
+        // Keys 2 qd, 2 qd + 1, 2 qd + 8, 2 qd + 9: dims 4 (8 tt + g) + (0..3).
+        const int c = 2 * tt + (g >> 2);
+        const int byte = 4 * (g & 3);
+        uint32_t w[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int r = 2 * qd + (i & 1) + 8 * (i >> 1);
+          w[i] = *reinterpret_cast<const uint32_t*>(sv + tile_offset<kRowBytes>(r, c) + byte);
+        }
+        // Per key pair: bytes (a0, b0, a1, b1) and (a2, b2, a3, b3).
+        const uint32_t lo01 = __byte_perm(w[0], w[1], 0x5140), lo23 = __byte_perm(w[0], w[1], 0x7362);
+        const uint32_t hi01 = __byte_perm(w[2], w[3], 0x5140), hi23 = __byte_perm(w[2], w[3], 0x7362);
+        M::mma(o[4 * tt], pa0, pa2, e4m3x2_to_half2_bits(lo01), e4m3x2_to_half2_bits(hi01));
+        M::mma(o[4 * tt + 1], pa0, pa2, e4m3x2_to_half2_bits(lo01 >> 16), e4m3x2_to_half2_bits(hi01 >> 16));
+        M::mma(o[4 * tt + 2], pa0, pa2, e4m3x2_to_half2_bits(lo23), e4m3x2_to_half2_bits(hi23));
+        M::mma(o[4 * tt + 3], pa0, pa2, e4m3x2_to_half2_bits(lo23 >> 16), e4m3x2_to_half2_bits(hi23 >> 16));
+      }
+    } else {
+#pragma unroll
+      for (int jj = 0; jj < kHd / 16; ++jj) {
+        uint32_t b[4];
+        const int r = (lane & 7) + (((lane >> 3) & 1) << 3);
+        ldmatrix_x4_trans(b, sv + tile_offset<kRowBytes>(r, 2 * jj + (lane >> 4)));
+        M::mma(o[2 * jj], pa0, pa2, b[0], b[1]);
+        M::mma(o[2 * jj + 1], pa0, pa2, b[2], b[3]);
+      }
     }
     __syncwarp();  // the stage is refilled by the next iteration's copies
   }
@@ -585,11 +655,16 @@ __global__ void __launch_bounds__(kMmaThreads) mma_decode_kernel(PagedAttentionA
   float* sM = sO + kMmaWarps * kG * kHd;       // [kMmaWarps][kG]
   float* sL = sM + kMmaWarps * kG;             // [kMmaWarps][kG]
   if (g < kG) {
-    float* row = sO + (warp * kG + g) * kHd + 2 * qd;
+    float* row = sO + (warp * kG + g) * kHd;
 #pragma unroll
     for (int n = 0; n < kNTiles; ++n) {
-      row[8 * n] = o[n][0];
-      row[8 * n + 1] = o[n][1];
+      if constexpr (kF8) {  // columns 2 qd, 2 qd + 1 of tile n: dims 4 (8 (n / 4) + col) + n % 4
+        row[4 * (8 * (n / 4) + 2 * qd) + n % 4] = o[n][0];
+        row[4 * (8 * (n / 4) + 2 * qd + 1) + n % 4] = o[n][1];
+      } else {
+        row[8 * n + 2 * qd] = o[n][0];
+        row[8 * n + 2 * qd + 1] = o[n][1];
+      }
     }
     if (qd == 0) {
       sM[warp * kG + g] = m_run;
@@ -612,6 +687,7 @@ __global__ void __launch_bounds__(kMmaThreads) mma_decode_kernel(PagedAttentionA
         asum += wt * sO[(w * kG + h) * kHd + d];
       }
     }
+    if constexpr (kF8) asum *= a.v_scale;
     const int head = kvh * kG + h;
     if (a.num_splits == 1) {
       T* out = static_cast<T*>(a.out) + (static_cast<int64_t>(token) * a.hq + head) * kHd;
@@ -631,10 +707,10 @@ __global__ void __launch_bounds__(kMmaThreads) mma_decode_kernel(PagedAttentionA
   }
 }
 
-template <int kHd, int kG, class T>
+template <int kHd, int kG, class T, class KvT>
 void launch_mma(const PagedAttentionArgs& a, cudaStream_t stream) {
-  constexpr size_t smem = mma_smem_bytes<kHd, kG>();
-  auto kernel = mma_decode_kernel<kHd, kG, T>;
+  constexpr size_t smem = mma_smem_bytes<kHd, kG, static_cast<int>(sizeof(KvT))>();
+  auto kernel = mma_decode_kernel<kHd, kG, T, KvT>;
   if constexpr (smem > 48 * 1024) set_max_dynamic_smem_once(kernel, smem);
   const dim3 grid(static_cast<unsigned>(a.num_seqs), static_cast<unsigned>(a.hk), static_cast<unsigned>(a.num_splits));
   // Programmatic dependent launch: the copies of earlier positions' K/V
@@ -648,9 +724,9 @@ template <int kHd, class KvT, class QT>
 void launch_for_group(const PagedAttentionArgs& a, bool mma, cudaStream_t stream) {
   auto go = [&](auto g) {
     constexpr int kG = decltype(g)::value;
-    if constexpr (std::is_same_v<KvT, QT> && !std::is_same_v<KvT, float>) {
+    if constexpr ((std::is_same_v<KvT, QT> || kIsKvF8<KvT>) && !std::is_same_v<QT, float>) {
       if (mma) {
-        launch_mma<kHd, kG, KvT>(a, stream);
+        launch_mma<kHd, kG, QT, KvT>(a, stream);
         return;
       }
     }
@@ -679,7 +755,8 @@ bool simt_forced() {
 
 // The tensor-core kernel takes this step (decode_attention_supported holds).
 bool use_mma(const PagedAttentionArgs& a) {
-  return (a.act == DType::kBF16 || a.act == DType::kF16) && a.kv_dtype == a.act && !simt_forced();
+  return (a.act == DType::kBF16 || a.act == DType::kF16) && (a.kv_dtype == a.act || a.kv_dtype == DType::kF8E4M3) &&
+         !simt_forced();
 }
 
 // Split plan. The SIMT kernel: >= 2 blocks per SM, splits of >= 64 keys.
@@ -727,7 +804,7 @@ bool decode_attention_supported(const PagedAttentionArgs& a) {
   return (a.hd == 64 || a.hd == 128) && (g == 1 || g == 2 || g == 4 || g == 8) && a.hq == g * a.hk &&
          aligned16(a.k_cache) && aligned16(a.v_cache) &&
          (a.act == DType::kF32 || a.act == DType::kBF16 || a.act == DType::kF16) &&
-         (a.kv_dtype == DType::kF32 || a.kv_dtype == DType::kF16 || a.kv_dtype == DType::kBF16);
+         is_kv_page_dtype(a.kv_dtype);
 }
 
 void plan_decode_splits(PagedAttentionArgs& a, int num_sms) {
@@ -747,7 +824,7 @@ void launch_decode_attention(const PagedAttentionArgs& a, cudaStream_t stream) {
   if (!mma || k.num_splits <= 1 || k.num_splits > kMaxDecodeSplitsMerged || merge_kernel_forced()) {
     k.split_tickets = nullptr;  // the combine kernel merges
   }
-  OSP_DISPATCH_ACT(k.act, QT, OSP_DISPATCH_FLOAT(k.kv_dtype, KvT, {
+  OSP_DISPATCH_ACT(k.act, QT, OSP_DISPATCH_KV(k.kv_dtype, KvT, {
                      if (k.hd == 64) {
                        launch_for_group<64, KvT, QT>(k, mma, stream);
                      } else {

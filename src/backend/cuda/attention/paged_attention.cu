@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <climits>
 
+#include "backend/cuda/attention/kv_fp8.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_common.cuh"
 #include "backend/cuda/device_query.h"
@@ -137,8 +138,8 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(PagedAttentio
       float kv = 0.0f, vv = 0.0f;
       if (slot >= 0) {
         const int64_t off = static_cast<int64_t>(slot) * slot_stride + static_cast<int64_t>(kvh) * hd + d;
-        kv = to_float(kc[off]);
-        vv = to_float(vc[off]);
+        kv = kv_to_float(kc[off], a.k_scale);
+        vv = kv_to_float(vc[off], a.v_scale);
       }
       sK[j * kPad + d] = kv;
       sV[j * kPad + d] = vv;
@@ -291,7 +292,7 @@ void launch_paged_attention(const PagedAttentionArgs& a, cudaStream_t stream) {
   OSP_CHECK(a.hd > 0 && a.hd <= kMaxHeadDim);
   OSP_CHECK(a.num_splits >= 1 && a.num_splits <= kMaxCombineSplits);
   OSP_CHECK(a.num_splits == 1 || (a.part_acc != nullptr && a.part_ml != nullptr));
-  OSP_DISPATCH_ACT(a.act, QT, OSP_DISPATCH_FLOAT(a.kv_dtype, KvT, launch_for_kv<KvT, QT>(a, stream)));
+  OSP_DISPATCH_ACT(a.act, QT, OSP_DISPATCH_KV(a.kv_dtype, KvT, launch_for_kv<KvT, QT>(a, stream)));
 }
 
 }  // namespace osprey::cuda

@@ -265,14 +265,18 @@ void launch_typed(const PagedAttentionArgs& a, cudaStream_t stream) {
 
 }  // namespace
 
+// F8_E4M3 pages: the mma.sync kernel only (its F8 variant), which needs an
+// aligned out and a positive scale.
 bool prefill_attention_supported(const PagedAttentionArgs& a) {
-  return (a.act == DType::kBF16 || a.act == DType::kF16) && a.kv_dtype == a.act && (a.hd == 64 || a.hd == 128) &&
+  const bool pages_ok =
+      a.kv_dtype == a.act || (a.kv_dtype == DType::kF8E4M3 && aligned16(a.out) && a.scale > 0.0f);
+  return (a.act == DType::kBF16 || a.act == DType::kF16) && pages_ok && (a.hd == 64 || a.hd == 128) &&
          a.hk > 0 && a.hq % a.hk == 0 && a.num_splits == 1 && aligned16(a.q) && aligned16(a.k_cache) &&
          aligned16(a.v_cache);
 }
 
 void launch_prefill_attention_wmma(const PagedAttentionArgs& a, cudaStream_t stream) {
-  OSP_CHECK(prefill_attention_supported(a));
+  OSP_CHECK(prefill_attention_supported(a) && a.kv_dtype == a.act);
   if (a.num_tokens == 0 || a.num_seqs == 0 || a.max_q_len == 0) return;
   if (a.act == DType::kF16) {
     if (a.hd == 64) {

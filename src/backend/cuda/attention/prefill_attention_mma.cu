@@ -25,12 +25,20 @@
 // cache, earlier chunks) and variable lengths need nothing else. Rows
 // without keys get 0. The block shapes (launch_variant) compute the same
 // function; launch_prefill_attention_mma picks one per step.
+// F8_E4M3 pages (kF8; q and out BF16 or F16): a key tile's bytes are copied
+// with cp.async into a staging area (one tile: it is converted before the
+// next tile's copies start), then every thread converts its share into the
+// 16-bit tile ring (the e4m3 values are exact in BF16 and F16), and the
+// rest is the kernel above; the K scale goes on the scores and the V scale
+// on the output.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <climits>
 #include <cstdint>
+#include <type_traits>
 
+#include "backend/cuda/attention/kv_fp8.cuh"
 #include "backend/cuda/attention/mma_ptx.cuh"
 #include "backend/cuda/attention/prefill_attention_mma.h"
 #include "backend/cuda/attention/prefill_rows.cuh"
@@ -44,7 +52,7 @@ constexpr float kLog2e = 1.4426950408889634f;
 
 // Block shape: kWarps warps of 16 * kR rows each (kM rows per block), key
 // tiles of kN.
-template <int kHd, int kWarps, int kR, int kN>
+template <int kHd, int kWarps, int kR, int kN, bool kF8 = false>
 struct MmaLayout {
   static constexpr int kM = 16 * kR * kWarps;
   static constexpr int kP = kHd + 8;  // element pitch of sQ, sK, sV rows (16-byte pad: conflict-free ldmatrix)
@@ -54,7 +62,8 @@ struct MmaLayout {
   static constexpr size_t range = v + 2 * sizeof(uint16_t) * kN * kP;  // int [kWarps][2]
   static constexpr size_t slot = range + sizeof(int) * kWarps * 2;  // int [2][kN]: KV slot per key, -1 past the range
   static constexpr size_t rows = slot + sizeof(int) * 2 * kN;       // int [2][kM]: each row's key range [lo, hi)
-  static constexpr size_t bytes = rows + sizeof(int) * 2 * kM;
+  static constexpr size_t stage = rows + sizeof(int) * 2 * kM;  // F8: [K, V][kN][kHd] bytes, 16-byte aligned
+  static constexpr size_t bytes = stage + (kF8 ? size_t{2} * kN * kHd : 0);
 };
 
 // The 16-bit element type T's MMA and packing: c[16x8] += a[16x16] b[16x8]
@@ -110,10 +119,11 @@ __device__ __forceinline__ void row_range(const PagedAttentionArgs& a, int q_beg
 // kQRegs: Q fragments live in registers for the whole key loop (else they
 // are re-read from shared memory at each k step, to save registers);
 // kMinBlocks: blocks per SM the register allocation must allow.
-template <class T, int kHd, int kWarps, int kR, int kN, bool kQRegs, int kMinBlocks>
+template <class T, int kHd, int kWarps, int kR, int kN, bool kQRegs, int kMinBlocks, bool kF8>
 __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
     prefill_attention_mma_kernel(PagedAttentionArgs a, int tiles_per_seq, PrefillOrder order) {
-  using L = MmaLayout<kHd, kWarps, kR, kN>;
+  using L = MmaLayout<kHd, kWarps, kR, kN, kF8>;
+  static_assert(L::stage % 16 == 0, "the staging area takes 16-byte copies");
   using M = Mma<T>;
   constexpr int kM = L::kM;
   constexpr int kThreads = kWarps * 32;
@@ -230,7 +240,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
     m[r][0] = m[r][1] = -INFINITY;
     l[r][0] = l[r][1] = 0.0f;
   }
-  const float scale2 = a.scale * kLog2e;
+  const float scale2 = (kF8 ? a.scale * a.k_scale : a.scale) * kLog2e;
 
   const int32_t* pages = a.block_indices + a.block_indptr[seq];
   const T* kc = static_cast<const T*>(a.k_cache);
@@ -248,9 +258,45 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
     const int page = bs_pow2 ? kp >> bs_shift : kp / bs;
     return pages[page] * bs + (kp - page * bs);
   };
+  // F8: gathers keys [kb, kb + kN) (slots in sSlot[buf]) into the staging
+  // area, zeros past the range; convert_tile(buf) then widens them into ring
+  // slot buf.
+  unsigned char* sStage = smem + L::stage;
+  auto load_tile_f8 = [&](int buf) {
+    constexpr int kC = kHd / 16;  // 16-byte chunks per F8 row
+    const unsigned char* kb8 = static_cast<const unsigned char*>(a.k_cache);
+    const unsigned char* vb8 = static_cast<const unsigned char*>(a.v_cache);
+    for (int i = tid; i < kN * kC; i += kThreads) {
+      const int j = i / kC;
+      const int c = i - j * kC;
+      const int slot = sSlot[buf * kN + j];
+      const int64_t off = slot >= 0 ? static_cast<int64_t>(slot) * slot_stride + head_off + c * 16 : 0;
+      cp_async16(sStage + j * kHd + c * 16, kb8 + off, slot >= 0 ? 16 : 0);
+      cp_async16(sStage + (kN + j) * kHd + c * 16, vb8 + off, slot >= 0 ? 16 : 0);
+    }
+    cp_async_commit();
+  };
+  auto convert_tile = [&](int buf) {
+    T* dk = sK + buf * kN * kP;
+    T* dv = sV + buf * kN * kP;
+    for (int i = tid; i < 2 * kN * (kHd / 8); i += kThreads) {
+      const int row = i / (kHd / 8);  // K rows, then V rows
+      const int c = i - row * (kHd / 8);
+      const uint2 w = *reinterpret_cast<const uint2*>(sStage + row * kHd + c * 8);
+      float f[8];
+      e4m3x4_to_float(w.x, f);
+      e4m3x4_to_float(w.y, f + 4);
+      T* dst = (row < kN ? dk + row * kP : dv + (row - kN) * kP) + c * 8;
+      store8_act(dst, f);
+    }
+  };
   // Gathers keys [kb, kb + kN) (slots in sSlot[buf]) into ring slot buf;
   // keys past the range are zeros.
   auto load_tile = [&](int buf) {
+    if constexpr (kF8) {
+      load_tile_f8(buf);
+      return;
+    }
     T* dk = sK + buf * kN * kP;
     T* dv = sV + buf * kN * kP;
 #pragma unroll
@@ -288,6 +334,10 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
     // Tile kb landed for all; every warp is done with the other ring slot,
     // and sSlot[buf ^ 1] (stored an iteration ago) is visible.
     __syncthreads();
+    if constexpr (kF8) {  // staging -> ring slot buf; the staging area is free after the barrier
+      convert_tile(buf);
+      __syncthreads();
+    }
     const bool more = kb + kN < tile_hi;
     int next_slot = -1;  // key kb + 2 kN + tid: loaded now, stored into sSlot[buf] after this tile's compute
     if (more) {
@@ -434,7 +484,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
       float sum = l[r][h];
       sum += __shfl_xor_sync(0xffffffffu, sum, 1);
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      inv[h] = sum > 0.0f ? 1.0f / sum : 0.0f;
+      inv[h] = sum > 0.0f ? (kF8 ? a.v_scale : 1.0f) / sum : 0.0f;
     }
 #pragma unroll
     for (int i = 0; i < kDT; ++i) {
@@ -455,42 +505,42 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
   }
 }
 
-template <class T, int kHd, int kWarps, int kR, int kN, bool kQRegs, int kMinBlocks>
+template <class T, int kHd, int kWarps, int kR, int kN, bool kQRegs, int kMinBlocks, bool kF8>
 void launch_mma_typed(const PagedAttentionArgs& a, cudaStream_t stream, PrefillOrder order) {
-  using L = MmaLayout<kHd, kWarps, kR, kN>;
+  using L = MmaLayout<kHd, kWarps, kR, kN, kF8>;
   const int group = a.hq / a.hk;
   const int tiles = static_cast<int>((int64_t{a.max_q_len} * group + L::kM - 1) / L::kM);
   const int64_t blocks = static_cast<int64_t>(a.num_seqs) * tiles * a.hk;
   OSP_CHECK_LE(blocks, int64_t{2147483647});
-  auto kernel = prefill_attention_mma_kernel<T, kHd, kWarps, kR, kN, kQRegs, kMinBlocks>;
+  auto kernel = prefill_attention_mma_kernel<T, kHd, kWarps, kR, kN, kQRegs, kMinBlocks, kF8>;
   set_max_dynamic_smem_once(kernel, L::bytes);
   kernel<<<static_cast<unsigned>(blocks), kWarps * 32, L::bytes, stream>>>(a, tiles, order);
   OSP_CUDA_CHECK_LAUNCH();
 }
 
-template <class T, int kHd>
+template <class T, int kHd, bool kF8>
 void launch_variant(const PagedAttentionArgs& a, cudaStream_t stream, int variant, PrefillOrder order) {
   switch (variant) {
     case 1:
-      return launch_mma_typed<T, kHd, 4, 1, 64, true, 2>(a, stream, order);
+      return launch_mma_typed<T, kHd, 4, 1, 64, true, 2, kF8>(a, stream, order);
     case 2:
-      return launch_mma_typed<T, kHd, 8, 1, 64, true, 1>(a, stream, order);
+      return launch_mma_typed<T, kHd, 8, 1, 64, true, 1, kF8>(a, stream, order);
     case 3:
-      return launch_mma_typed<T, kHd, 4, 2, 32, false, 1>(a, stream, order);
+      return launch_mma_typed<T, kHd, 4, 2, 32, false, 1, kF8>(a, stream, order);
     case 4:
-      return launch_mma_typed<T, kHd, 4, 2, 64, false, 1>(a, stream, order);
+      return launch_mma_typed<T, kHd, 4, 2, 64, false, 1, kF8>(a, stream, order);
     case 5:
-      return launch_mma_typed<T, kHd, 8, 2, 32, false, 1>(a, stream, order);
+      return launch_mma_typed<T, kHd, 8, 2, 32, false, 1, kF8>(a, stream, order);
     case 7:
-      return launch_mma_typed<T, kHd, 8, 1, 128, true, 1>(a, stream, order);
+      return launch_mma_typed<T, kHd, 8, 1, 128, true, 1, kF8>(a, stream, order);
     case 8:
-      return launch_mma_typed<T, kHd, 12, 1, 48, false, 1>(a, stream, order);
+      return launch_mma_typed<T, kHd, 12, 1, 48, false, 1, kF8>(a, stream, order);
     case 9:
-      return launch_mma_typed<T, kHd, 4, 2, 48, false, 1>(a, stream, order);
+      return launch_mma_typed<T, kHd, 4, 2, 48, false, 1, kF8>(a, stream, order);
     case 10:  // 48 keys x 16 chunks of hd 128 split evenly over 256 threads; 64 keys at hd 64
-      return launch_mma_typed < T, kHd, 8, 2, kHd == 128 ? 48 : 64, false, 1 > (a, stream, order);
+      return launch_mma_typed < T, kHd, 8, 2, kHd == 128 ? 48 : 64, false, 1, kF8 > (a, stream, order);
     default:
-      return launch_mma_typed<T, kHd, 4, 1, 32, false, 3>(a, stream, order);
+      return launch_mma_typed<T, kHd, 4, 1, 32, false, 3, kF8>(a, stream, order);
   }
 }
 
@@ -498,7 +548,7 @@ void launch_variant(const PagedAttentionArgs& a, cudaStream_t stream, int varian
 
 void launch_prefill_attention_mma(const PagedAttentionArgs& a, cudaStream_t stream, int variant, PrefillOrder order) {
   OSP_CHECK(a.hd == 64 || a.hd == 128);
-  OSP_CHECK((a.act == DType::kBF16 || a.act == DType::kF16) && a.kv_dtype == a.act);
+  OSP_CHECK((a.act == DType::kBF16 || a.act == DType::kF16) && (a.kv_dtype == a.act || a.kv_dtype == DType::kF8E4M3));
   OSP_CHECK(variant >= 0 && variant < kNumPrefillMmaVariants);
   if (variant == 0) {
     // 64-row blocks for short prompts; 128-row blocks of 8 warps x 16 rows
@@ -521,16 +571,19 @@ void launch_prefill_attention_mma(const PagedAttentionArgs& a, cudaStream_t stre
       variant = a.hd == 64 ? 4 : 9;
     }
   }
-  if (a.act == DType::kF16) {
+  auto by_hd = [&](auto t, auto f8) {
+    using T = decltype(t);
     if (a.hd == 64) {
-      launch_variant<__half, 64>(a, stream, variant, order);
+      launch_variant<T, 64, decltype(f8)::value>(a, stream, variant, order);
     } else {
-      launch_variant<__half, 128>(a, stream, variant, order);
+      launch_variant<T, 128, decltype(f8)::value>(a, stream, variant, order);
     }
-  } else if (a.hd == 64) {
-    launch_variant<__nv_bfloat16, 64>(a, stream, variant, order);
+  };
+  const bool f8 = a.kv_dtype == DType::kF8E4M3;
+  if (a.act == DType::kF16) {
+    f8 ? by_hd(__half{}, std::true_type{}) : by_hd(__half{}, std::false_type{});
   } else {
-    launch_variant<__nv_bfloat16, 128>(a, stream, variant, order);
+    f8 ? by_hd(__nv_bfloat16{}, std::true_type{}) : by_hd(__nv_bfloat16{}, std::false_type{});
   }
 }
 

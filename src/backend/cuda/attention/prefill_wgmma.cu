@@ -831,7 +831,7 @@ bool prefill_wgmma_available() {
 
 bool prefill_wgmma_supports(const PagedAttentionArgs& a) {
   // K/V rows (slot x KV head) are indexed with an int.
-  return prefill_attention_supported(a) && a.hd == kHd && a.window == 0 && a.scale > 0.0f && aligned16(a.out) &&
+  return prefill_attention_supported(a) && a.kv_dtype == a.act && a.hd == kHd && a.window == 0 && a.scale > 0.0f && aligned16(a.out) &&
          int64_t{a.num_blocks} * a.block_size * a.hk < int64_t{INT_MAX};
 }
 

@@ -41,6 +41,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "backend/cuda/attention/kv_fp8.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_common.cuh"
 #include "backend/cuda/host_util.h"
@@ -148,11 +149,12 @@ __global__ void __launch_bounds__(kWarps * 32) qkv_rope_kernel(QkvRopeArgs a) {
       const int kvh = is_k ? h - a.hq : h - a.hq - a.hk;
       KvT* cache = static_cast<KvT*>(is_k ? a.k_cache : a.v_cache);
       KvT* dst = cache + (static_cast<int64_t>(slot) * a.hk + kvh) * hd;
+      const float inv = is_k ? a.k_inv_scale : a.v_inv_scale;
 #pragma unroll
       for (int c = 0; c < kChunks; ++c) {
         const int d = lane + 32 * c;
         // Rounded to the activation dtype first, as if k/v had been stored and kv_write had read them.
-        if (d < hd) dst[d] = from_float<KvT>(to_float(from_float<T>(v[c])));
+        if (d < hd) dst[d] = kv_from_float<KvT>(to_float(from_float<T>(v[c])), inv);
       }
     }
   }
@@ -252,8 +254,9 @@ __global__ void __launch_bounds__(kVecThreads) qkv_rope_vec_kernel(QkvRopeArgs a
   }
   const int kvh = is_k ? h - a.hq : h - a.hq - a.hk;
   KvT* dst = static_cast<KvT*>(is_k ? a.k_cache : a.v_cache) + (static_cast<int64_t>(slot) * a.hk + kvh) * hd;
-  store8_act(dst + 8 * j, v1);
-  store8_act(dst + half + 8 * j, v2);
+  const float inv = is_k ? a.k_inv_scale : a.v_inv_scale;
+  store8_kv(dst + 8 * j, v1, inv);
+  store8_kv(dst + half + 8 * j, v2, inv);
 }
 
 }  // namespace
@@ -270,7 +273,7 @@ void launch_qkv_rope_kv_write(const QkvRopeArgs& a, cudaStream_t stream) {
     const int chunks = (heads * lanes + kVecThreads - 1) / kVecThreads;
     const dim3 grid(static_cast<unsigned>(a.n), static_cast<unsigned>(chunks));
     OSP_DISPATCH_ACT(a.act, T, {
-      OSP_DISPATCH_FLOAT(a.cache_dtype, KvT, {
+      OSP_DISPATCH_KV(a.cache_dtype, KvT, {
         launch_pdl_if(attention_pdl_enabled(), qkv_rope_vec_kernel<T, KvT>, grid, dim3(kVecThreads), 0, stream, a);
       });
     });
@@ -279,7 +282,7 @@ void launch_qkv_rope_kv_write(const QkvRopeArgs& a, cudaStream_t stream) {
   const int threads = 32 * std::min(kWarps, heads);
   const dim3 grid(static_cast<unsigned>(a.n), static_cast<unsigned>((heads + kWarps - 1) / kWarps));
   OSP_DISPATCH_ACT(a.act, T, {
-    OSP_DISPATCH_FLOAT(a.cache_dtype, KvT, {
+    OSP_DISPATCH_KV(a.cache_dtype, KvT, {
       launch_pdl_if(attention_pdl_enabled(), qkv_rope_kernel<T, KvT>, grid, dim3(static_cast<unsigned>(threads)), 0,
                     stream, a);
     });
