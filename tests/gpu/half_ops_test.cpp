@@ -308,9 +308,10 @@ TEST_P(HalfOps, FusedQkvRopeKvWriteMatchesCpu) {
                                    std::string(dtype_name(at)) + " kv " + std::string(dtype_name(kvt));
           const Tol q_tol = rounding_tol(at);
           expect_close(download_as(gpu(), at, gq, cq.size()), cq, q_tol.nmse, q_tol.max_rel, tag(what + " q"));
-          // F8: a value rounded to act first may land one E4M3 step (1/8 to 1/16 of its size) away.
+          // F8: a value rounded to act first may land one E4M3 step away; a step is at most 1/8 of
+          // the largest value (measured on an H100: 1/13).
           const Tol page_tol = kvt == at               ? q_tol
-                               : kvt == DType::kF8E4M3 ? max_tol(q_tol, Tol{2e-3, 0.07})
+                               : kvt == DType::kF8E4M3 ? max_tol(q_tol, Tol{2e-3, 0.13})
                                                        : max_tol(q_tol, rounding_tol(kvt));
           auto as_float = [&](const std::vector<uint8_t>& b) {
             std::vector<float> f(cache_elems);
