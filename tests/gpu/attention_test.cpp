@@ -168,6 +168,42 @@ TEST_F(AttentionTest, EmptyBatchLeavesOutputAlone) {
 // ---- decode steps with 16-bit q / out and pages of the same dtype ----------------
 // (the tensor-core decode kernel; F32 q above runs the SIMT one)
 
+// One step over host pages kp / vp (dtype c.kv_dtype; F8 pages under
+// k_scale / v_scale) with q stored as qb (dtype act) and qr its values: the
+// CPU's output from fp32 q, and the GPU's output bytes (act) from qb, its
+// buffer filled with 0xff bytes first (NaN in every float dtype: every
+// element must be written).
+struct BothOutputs {
+  std::vector<float> ref;
+  std::vector<uint8_t> gpu;
+};
+BothOutputs run_on_both(ops::Backend& gpu, ops::Backend& cpu, const Config& c, const Batch& h, std::vector<uint8_t>& kp,
+                        std::vector<uint8_t>& vp, DType act, const std::vector<uint8_t>& qb, std::vector<float>& qr,
+                        int window, float k_scale = 1.0f, float v_scale = 1.0f) {
+  const int64_t n = h.num_tokens();
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
+  BothOutputs r;
+  r.ref.resize(qr.size());
+  {
+    ops::LayerKv kv{Tensor(kp.data(), c.kv_dtype, {h.num_blocks, c.block_size, c.hk, c.hd}),
+                    Tensor(vp.data(), c.kv_dtype, {h.num_blocks, c.block_size, c.hk, c.hd}), k_scale, v_scale};
+    Tensor qt(qr.data(), DType::kF32, {n, c.hq, c.hd}), ot(r.ref.data(), DType::kF32, {n, c.hq, c.hd});
+    const ops::AttentionBatch b = h.host();
+    cpu.paged_attention(qt, kv, b, scale, window, ot);
+  }
+  DeviceAttentionBatch db(gpu, h);
+  DeviceMem gk = upload(gpu, kp), gv = upload(gpu, vp), gq = upload(gpu, qb);
+  const std::vector<uint8_t> poison(qb.size(), 0xff);
+  DeviceMem go = upload(gpu, poison);
+  ops::LayerKv kv{Tensor(gk.get(), c.kv_dtype, {h.num_blocks, c.block_size, c.hk, c.hd}, Device::kCuda),
+                  Tensor(gv.get(), c.kv_dtype, {h.num_blocks, c.block_size, c.hk, c.hd}, Device::kCuda), k_scale,
+                  v_scale};
+  Tensor qt = dev_tensor(gq, act, {n, c.hq, c.hd}), ot = dev_tensor(go, act, {n, c.hq, c.hd});
+  gpu.paged_attention(qt, kv, db.b, scale, window, ot);
+  r.gpu = download<uint8_t>(gpu, go, qb.size());
+  return r;
+}
+
 // One decode step (one query token per sequence, kv lengths `lens`) with q,
 // out and pages of dtype t, against the CPU on the same rounded q. With
 // zero_k every score is 0, so the output is the exact mean of V over each
@@ -190,28 +226,11 @@ std::vector<uint8_t> check_decode16(ops::Backend& gpu, ops::Backend& cpu, DType 
   const auto qb = pack(t, qf, 1, static_cast<int64_t>(qf.size()));
   const auto qd = unpack(t, qb, 1, static_cast<int64_t>(qf.size()));
   std::vector<float> qr(qd.begin(), qd.end());
-  const float scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
-
-  std::vector<float> ref(qr.size());
-  {
-    ops::LayerKv kv;
-    kv.k = Tensor(kp.data(), t, {h.num_blocks, c.block_size, c.hk, c.hd});
-    kv.v = Tensor(vp.data(), t, {h.num_blocks, c.block_size, c.hk, c.hd});
-    Tensor qt(qr.data(), DType::kF32, {n, c.hq, c.hd}), ot(ref.data(), DType::kF32, {n, c.hq, c.hd});
-    const ops::AttentionBatch b = h.host();
-    cpu.paged_attention(qt, kv, b, scale, window, ot);
-  }
-  DeviceAttentionBatch db(gpu, h);
-  DeviceMem gk = upload(gpu, kp), gv = upload(gpu, vp), gq = upload(gpu, qb);
-  const size_t out_bytes = qb.size();
-  std::vector<uint8_t> poison(out_bytes, 0xff);  // NaN in F16 and BF16: every element must be written
-  DeviceMem go = upload(gpu, poison);
-  ops::LayerKv kv;
-  kv.k = Tensor(gk.get(), t, {h.num_blocks, c.block_size, c.hk, c.hd}, Device::kCuda);
-  kv.v = Tensor(gv.get(), t, {h.num_blocks, c.block_size, c.hk, c.hd}, Device::kCuda);
-  Tensor qt = dev_tensor(gq, t, {n, c.hq, c.hd}), ot = dev_tensor(go, t, {n, c.hq, c.hd});
-  gpu.paged_attention(qt, kv, db.b, scale, window, ot);
-  const auto bytes = download<uint8_t>(gpu, go, out_bytes);
+  Config ct = c;
+  ct.kv_dtype = t;
+  const BothOutputs o = run_on_both(gpu, cpu, ct, h, kp, vp, t, qb, qr, window);
+  const std::vector<float>& ref = o.ref;
+  const std::vector<uint8_t>& bytes = o.gpu;
   const auto got = unpack(t, bytes, 1, static_cast<int64_t>(qr.size()));
   // Rounding: q and P to t, the output to t (2^-9 relative for BF16, 2^-12 for F16).
   const bool bf16 = t == DType::kBF16;
@@ -454,38 +473,14 @@ void check_f8(ops::Backend& gpu, ops::Backend& cpu, DType act, Config c, const s
     for (size_t i = 0; i < page_elems; ++i) out[i] = f32_to_f8e4m3(f[i] / scale);
     return out;
   };
-  const auto kp = codes(kF8KScale, seed + 1), vp = codes(kF8VScale, seed + 2);
+  auto kp = codes(kF8KScale, seed + 1), vp = codes(kF8VScale, seed + 2);
   const auto qf = random_floats(static_cast<size_t>(n * c.hq * c.hd), seed + 3, -2.0f, 2.0f);
   const auto qb = pack(act, qf, 1, static_cast<int64_t>(qf.size()));
   const auto qd = unpack(act, qb, 1, static_cast<int64_t>(qf.size()));
   std::vector<float> qr(qd.begin(), qd.end());
-  const float scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
-  const std::vector<int64_t> shape = {h.num_blocks, c.block_size, c.hk, c.hd};
-
-  std::vector<float> ref(qr.size());
-  {
-    ops::LayerKv kv;
-    kv.k = Tensor(const_cast<uint8_t*>(kp.data()), DType::kF8E4M3, shape.data(), 4);
-    kv.v = Tensor(const_cast<uint8_t*>(vp.data()), DType::kF8E4M3, shape.data(), 4);
-    kv.k_scale = kF8KScale;
-    kv.v_scale = kF8VScale;
-    Tensor qt(qr.data(), DType::kF32, {n, c.hq, c.hd}), ot(ref.data(), DType::kF32, {n, c.hq, c.hd});
-    const ops::AttentionBatch b = h.host();
-    cpu.paged_attention(qt, kv, b, scale, window, ot);
-  }
-  DeviceAttentionBatch db(gpu, h);
-  DeviceMem gk = upload(gpu, kp), gv = upload(gpu, vp), gq = upload(gpu, qb);
-  const size_t out_bytes = qb.size();
-  std::vector<uint8_t> poison(out_bytes, 0xff);  // NaN: every element must be written
-  DeviceMem go = upload(gpu, poison);
-  ops::LayerKv kv;
-  kv.k = Tensor(gk.get(), DType::kF8E4M3, shape.data(), 4, Device::kCuda);
-  kv.v = Tensor(gv.get(), DType::kF8E4M3, shape.data(), 4, Device::kCuda);
-  kv.k_scale = kF8KScale;
-  kv.v_scale = kF8VScale;
-  Tensor qt = dev_tensor(gq, act, {n, c.hq, c.hd}), ot = dev_tensor(go, act, {n, c.hq, c.hd});
-  gpu.paged_attention(qt, kv, db.b, scale, window, ot);
-  const auto got = unpack(act, download<uint8_t>(gpu, go, out_bytes), 1, static_cast<int64_t>(qr.size()));
+  const BothOutputs o = run_on_both(gpu, cpu, c, h, kp, vp, act, qb, qr, window, kF8KScale, kF8VScale);
+  const std::vector<float>& ref = o.ref;
+  const auto got = unpack(act, o.gpu, 1, static_cast<int64_t>(qr.size()));
   // The CPU reads the same values (e4m3 * scale, fp32): the differences are
   // the GPU's q and P in half and the output's rounding to act.
   if (act == DType::kF32) {
