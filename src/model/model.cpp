@@ -140,12 +140,30 @@ struct Part {
   DType dtype = DType::kF32;   // storage dtype of the source
   // F8_E4M3 sources (FP8 checkpoints): the scales of its weight_scale
   // tensor, one for the matrix or one a row (w[r][c] = scale(r) *
-  // e4m3(code)), and whether the part may stay FP8 on the device (a layer
-  // projection) rather than be dequantised.
+  // e4m3(code)), or one a block of fp8_block_rows x fp8_block_cols
+  // (row-major over the blocks); and whether the part may stay FP8 on the
+  // device (a layer projection with one scale a matrix or a row) rather
+  // than be dequantised.
   std::vector<float> fp8_scales;
+  int64_t fp8_block_rows = 0, fp8_block_cols = 0;  // 0: not block-wise
   bool fp8_ok = false;
   float fp8_row_scale(int64_t r) const { return fp8_scales.size() == 1 ? fp8_scales[0] : fp8_scales[r]; }
+  float fp8_scale_at(int64_t r, int64_t c) const {
+    if (fp8_block_rows == 0) return fp8_row_scale(r);
+    const int64_t grid_cols = (cols + fp8_block_cols - 1) / fp8_block_cols;
+    return fp8_scales[static_cast<size_t>((r / fp8_block_rows) * grid_cols + c / fp8_block_cols)];
+  }
 };
+
+// The block edge of a block-wise FP8 scale grid with `blocks` blocks along
+// `n` elements: the smallest power of two b with ceil(n / b) == blocks (128
+// in the checkpoints seen), or 0 when there is none.
+int64_t fp8_block_edge(int64_t n, int64_t blocks) {
+  if (blocks <= 0 || n <= 0 || blocks > n) return 0;
+  int64_t b = 1;
+  while (b < (n + blocks - 1) / blocks) b *= 2;
+  return (n + b - 1) / b == blocks ? b : 0;
+}
 
 // Finds, checks and places weights on the backend. Matrices of float dtypes
 // become the activation dtype on non-CPU backends computing in BF16/F16 (F32
@@ -201,50 +219,67 @@ class WeightBuilder {
     }
     Part part{t, {}, rows, cols, t->dtype()};
     if (t->dtype() == DType::kF8E4M3) {
-      std::optional<std::vector<float>> s = fp8_scales(name, rows);
-      if (!s) return std::nullopt;
-      part.fp8_scales = std::move(*s);
-      part.fp8_ok = fp8_ok && rows % 16 == 0 && cols % 16 == 0;  // the FP8 GEMMs' shapes
+      if (!fp8_scales(name, part)) return std::nullopt;
+      // The FP8 GEMMs' shapes; block-wise scales are dequantised.
+      part.fp8_ok = fp8_ok && rows % 16 == 0 && cols % 16 == 0 && part.fp8_block_rows == 0;
     }
     return part;
   }
 
-  // The scales of the FP8 matrix `name` ("<prefix>.weight", `rows` rows):
-  // its "<prefix>.weight_scale" tensor of finite positive values, one for
-  // the matrix (shape [] or [1]: quant_method "fp8") or one a row ([rows, 1]
-  // or [rows]: compressed-tensors' channel strategy); other layouts are
-  // refused by name.
-  std::optional<std::vector<float>> fp8_scales(const std::string& name, int64_t rows) {
+  // The scales of the FP8 matrix part p ("<prefix>.weight"), into p: its
+  // "<prefix>.weight_scale" tensor of finite positive values, one for the
+  // matrix (shape [] or [1]: quant_method "fp8"), one a row ([rows, 1] or
+  // [rows]: compressed-tensors' channel strategy) or one a block ([R, C],
+  // R, C > 1 or C > 1: compressed-tensors' block strategy), or
+  // "<prefix>.weight_scale_inv" of one a block (transformers' fine-grained
+  // FP8 and DeepSeek's layout, multiplied in as its name notwithstanding),
+  // the block edges those of the grid (fp8_block_edge; 128 x 128 in the
+  // published ones). Other layouts are refused by name.
+  bool fp8_scales(const std::string& name, Part& p) {
     const std::string prefix =
         name.size() > 7 && name.compare(name.size() - 7, 7, ".weight") == 0 ? name.substr(0, name.size() - 7) : name;
-    const Tensor* s = find(prefix + ".weight_scale", false);
+    std::string scale_name = prefix + ".weight_scale";
+    const Tensor* s = find(scale_name, false);
     if (!s) {
-      fail(name, find(prefix + ".weight_scale_inv", false)
-                     ? "is F8_E4M3 with block-wise scales (weight_scale_inv), which osprey does not load: it loads "
-                       "FP8 checkpoints with one scale per matrix (weight_scale)"
-                     : "is F8_E4M3 but has no weight_scale tensor");
-      return std::nullopt;
+      scale_name = prefix + ".weight_scale_inv";
+      s = find(scale_name, false);
     }
-    const bool per_row = s->numel() == rows && rows > 1 && (s->ndim() == 1 || (s->ndim() == 2 && s->dim(1) == 1));
-    if (s->numel() != 1 && !per_row) {
-      fail(name, "has FP8 scales of shape " + s->shape_string() +
-                     " (per-block?): osprey loads one scale per matrix or one per row");
-      return std::nullopt;
+    if (!s) {
+      fail(name, "is F8_E4M3 but has no weight_scale (or weight_scale_inv) tensor");
+      return false;
+    }
+    const bool inv = scale_name.size() > 4 && scale_name.compare(scale_name.size() - 4, 4, "_inv") == 0;
+    const int64_t rows = p.rows, cols = p.cols;
+    const bool one = s->numel() == 1 && !inv;
+    const bool per_row =
+        !inv && s->numel() == rows && rows > 1 && (s->ndim() == 1 || (s->ndim() == 2 && s->dim(1) == 1));
+    const bool grid = s->ndim() == 2 && (inv || (!one && !per_row));
+    if (grid) {
+      p.fp8_block_rows = fp8_block_edge(rows, s->dim(0));
+      p.fp8_block_cols = fp8_block_edge(cols, s->dim(1));
+    }
+    if (!one && !per_row && (!grid || p.fp8_block_rows == 0 || p.fp8_block_cols == 0)) {
+      fail(scale_name, "has shape " + s->shape_string() + " for a [" + std::to_string(rows) + ", " +
+                           std::to_string(cols) +
+                           "] F8_E4M3 matrix: osprey loads one scale per matrix, one per row, or one per block of a "
+                           "grid over the matrix");
+      return false;
     }
     if (!is_float_dtype(s->dtype())) {
-      fail(prefix + ".weight_scale", "has dtype " + std::string(dtype_name(s->dtype())) + ", expected a float");
-      return std::nullopt;
+      fail(scale_name, "has dtype " + std::string(dtype_name(s->dtype())) + ", expected a float");
+      return false;
     }
     std::vector<float> v(static_cast<size_t>(s->numel()));
     dequantize_row(s->dtype(), s->data(), v.data(), s->numel());
     for (size_t i = 0; i < v.size(); ++i) {
       if (!std::isfinite(v[i]) || v[i] <= 0.0f) {
-        fail(prefix + ".weight_scale",
+        fail(scale_name,
              "holds " + std::to_string(v[i]) + " at " + std::to_string(i) + ", expected finite positive scales");
-        return std::nullopt;
+        return false;
       }
     }
-    return v;
+    p.fp8_scales = std::move(v);
+    return true;
   }
 
   std::optional<Part> vector_part(const std::string& name, int64_t n, bool required = true) {
@@ -364,12 +399,12 @@ class WeightBuilder {
 
  private:
   // The host part's values as fp32 into out[rows * cols]: dequantize_row,
-  // FP8 codes times their (matrix or row) scale.
+  // FP8 codes times their (matrix, row or block) scale.
   static void dequantize_part(const Part& p, float* out) {
     const int64_t numel = p.rows * p.cols;
     dequantize_row(p.dtype, p.host->data(), out, numel);
     if (p.dtype == DType::kF8E4M3) {
-      for (int64_t i = 0; i < numel; ++i) out[i] *= p.fp8_row_scale(i / p.cols);
+      for (int64_t i = 0; i < numel; ++i) out[i] *= p.fp8_scale_at(i / p.cols, i % p.cols);
     }
   }
 

@@ -26,8 +26,9 @@ enum class Fp8Scales {
   kScalar,      // weight_scale of shape [] (the common layout)
   kOneElement,  // shape [1]
   kPerChannel,  // [rows, 1]: one scale a row (amax of the row / 448)
-  kPerBlock,    // weight_scale [rows / 32, cols / 32]: refused
-  kBlockInv,    // weight_scale_inv [rows / 128, cols / 128] only: refused
+  kPerBlock,    // weight_scale [rows / 32, cols / 32]: one a 32 x 32 block (compressed-tensors' block strategy)
+  kBlockInv,    // weight_scale_inv [rows / 16, cols / 16] only: one a 16 x 16 block (DeepSeek's layout)
+  kBadGrid,     // weight_scale_inv [3, 5], which no block grid over the matrix has: refused
   kMissing,     // no scale tensor: refused
   kNonFinite,   // the first projection's scale is +inf: refused
 };
@@ -100,21 +101,30 @@ inline bool make_fp8_checkpoint(const std::filesystem::path& src, const std::fil
     const int64_t n = t.numel(), rows = t.dim(0), cols = t.dim(1);
     std::vector<float> v(static_cast<size_t>(n));
     dequantize_row(t.dtype(), t.data(), v.data(), n);
-    // One amax for the matrix, or one a row (kPerChannel): scale amax / 448,
-    // codes of w * 448 / amax.
+    // One amax for the matrix, one a row (kPerChannel) or one a block x
+    // block tile (kPerBlock, kBlockInv): scale amax / 448, codes of w * 448 /
+    // amax.
     const bool per_row = scales == Fp8Scales::kPerChannel;
-    std::vector<float> row_scale(static_cast<size_t>(per_row ? rows : 1)), row_inv(row_scale.size());
-    for (size_t g = 0; g < row_scale.size(); ++g) {
-      float amax = 0.0f;
-      const int64_t lo = per_row ? static_cast<int64_t>(g) * cols : 0, hi = per_row ? lo + cols : n;
-      for (int64_t i = lo; i < hi; ++i) amax = std::max(amax, std::fabs(v[static_cast<size_t>(i)]));
-      row_scale[g] = amax > 0.0f ? amax / kF8E4M3Max : 1.0f;
-      row_inv[g] = amax > 0.0f ? kF8E4M3Max / amax : 1.0f;
+    const int64_t block = scales == Fp8Scales::kPerBlock ? 32 : scales == Fp8Scales::kBlockInv ? 16 : 0;
+    const int64_t grid_cols = block > 0 ? (cols + block - 1) / block : 1;
+    const int64_t groups = per_row ? rows : block > 0 ? (rows + block - 1) / block * grid_cols : 1;
+    auto group_of = [&](int64_t i) -> size_t {
+      if (per_row) return static_cast<size_t>(i / cols);
+      if (block > 0) return static_cast<size_t>((i / cols) / block * grid_cols + (i % cols) / block);
+      return 0;
+    };
+    std::vector<float> amax(static_cast<size_t>(groups), 0.0f);
+    for (int64_t i = 0; i < n; ++i)
+      amax[group_of(i)] = std::max(amax[group_of(i)], std::fabs(v[static_cast<size_t>(i)]));
+    std::vector<float> row_scale(amax.size()), row_inv(amax.size());
+    for (size_t g = 0; g < amax.size(); ++g) {
+      row_scale[g] = amax[g] > 0.0f ? amax[g] / kF8E4M3Max : 1.0f;
+      row_inv[g] = amax[g] > 0.0f ? kF8E4M3Max / amax[g] : 1.0f;
     }
     std::vector<uint8_t> codes(static_cast<size_t>(n));
     std::vector<float> back(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) {
-      const size_t g = per_row ? static_cast<size_t>(i / cols) : 0;
+      const size_t g = group_of(i);
       codes[static_cast<size_t>(i)] = f32_to_f8e4m3(v[static_cast<size_t>(i)] * row_inv[g]);
       back[static_cast<size_t>(i)] = f8e4m3_to_f32(codes[static_cast<size_t>(i)]) * row_scale[g];
     }
@@ -124,11 +134,9 @@ inline bool make_fp8_checkpoint(const std::filesystem::path& src, const std::fil
     const std::string prefix = name.substr(0, name.size() - 7);  // less ".weight"
     const float s = scales == Fp8Scales::kNonFinite && first ? INFINITY : scale;
     first = false;
-    // One scale a block x block tile, under prefix + suffix.
-    auto push_block_scales = [&](const char* suffix, int64_t block) {
-      const int64_t br = (rows + block - 1) / block, bc = (cols + block - 1) / block;
-      fp8.push_back(
-          {prefix + suffix, DType::kF32, {br, bc}, bytes_of(std::vector<float>(static_cast<size_t>(br * bc), s))});
+    // The block scales' grid, under prefix + suffix.
+    auto push_block_scales = [&](const char* suffix) {
+      fp8.push_back({prefix + suffix, DType::kF32, {(rows + block - 1) / block, grid_cols}, bytes_of(row_scale)});
     };
     switch (scales) {
       case Fp8Scales::kScalar:
@@ -142,10 +150,13 @@ inline bool make_fp8_checkpoint(const std::filesystem::path& src, const std::fil
         fp8.push_back({prefix + ".weight_scale", DType::kF32, {rows, 1}, bytes_of(row_scale)});
         break;
       case Fp8Scales::kPerBlock:
-        push_block_scales(".weight_scale", 32);
+        push_block_scales(".weight_scale");
         break;
       case Fp8Scales::kBlockInv:
-        push_block_scales(".weight_scale_inv", 128);
+        push_block_scales(".weight_scale_inv");
+        break;
+      case Fp8Scales::kBadGrid:
+        fp8.push_back({prefix + ".weight_scale_inv", DType::kF32, {3, 5}, bytes_of(std::vector<float>(15, s))});
         break;
       case Fp8Scales::kMissing:
         break;

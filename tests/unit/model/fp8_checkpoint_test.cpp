@@ -1,8 +1,8 @@
 // FP8 checkpoints (F8_E4M3 projections with a weight_scale of one value a
-// matrix or one a row) on the CPU: dequantised at load (code * scale, F32),
-// so the logits equal those of the same checkpoint with the projections
-// stored dequantised, bit for bit; the scale layouts osprey does not load
-// are refused by name.
+// matrix, one a row or one a block, or a block-wise weight_scale_inv) on the
+// CPU: dequantised at load (code * scale, F32), so the logits equal those of
+// the same checkpoint with the projections stored dequantised, bit for bit;
+// the scale layouts osprey does not load are refused by name.
 // (On the GPU the projections stay FP8: tests/gpu/model_parity_test.cpp.)
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -47,7 +47,8 @@ class Fp8CheckpointTest : public ::testing::Test {
 const std::vector<int32_t> kIds = {5, 77, 301, 12, 9, 450, 33, 2, 160, 88, 17};
 
 TEST_F(Fp8CheckpointTest, CpuLogitsEqualTheDequantisedCheckpoint) {
-  for (auto scales : {testing::Fp8Scales::kScalar, testing::Fp8Scales::kOneElement, testing::Fp8Scales::kPerChannel}) {
+  for (auto scales : {testing::Fp8Scales::kScalar, testing::Fp8Scales::kOneElement, testing::Fp8Scales::kPerChannel,
+                      testing::Fp8Scales::kPerBlock, testing::Fp8Scales::kBlockInv}) {
     fs::remove_all(dir_);
     std::string why;
     ASSERT_TRUE(testing::make_fp8_checkpoint(source(), dir_ / "fp8", dir_ / "deq", scales, &why)) << why;
@@ -60,7 +61,7 @@ TEST_F(Fp8CheckpointTest, CpuLogitsEqualTheDequantisedCheckpoint) {
     EXPECT_TRUE(has_f8) << "2 layers x 7 projections stored as F8_E4M3";
     const auto a = logits(**fp8, kIds), b = logits(**deq, kIds);
     ASSERT_EQ(a.size(), b.size());
-    EXPECT_EQ(a, b) << "the FP8 checkpoint is not its dequantised twin";
+    EXPECT_EQ(a, b) << "the FP8 checkpoint is not its dequantised twin (layout " << static_cast<int>(scales) << ")";
     // The quantisation is real and small: against the BF16 original.
     auto orig = Model::load(source(), *backend_);
     ASSERT_TRUE(orig.ok()) << orig.status().to_string();
@@ -81,9 +82,8 @@ TEST_F(Fp8CheckpointTest, RefusesOtherScaleLayoutsByName) {
     const char* message;
   };
   for (const Case& c :
-       {Case{testing::Fp8Scales::kPerBlock, "(per-block?): osprey loads one scale per matrix or one per row"},
-        Case{testing::Fp8Scales::kBlockInv, "block-wise scales (weight_scale_inv)"},
-        Case{testing::Fp8Scales::kMissing, "has no weight_scale tensor"},
+       {Case{testing::Fp8Scales::kBadGrid, "weight_scale_inv' has shape [3, 5] for a [64, 64] F8_E4M3 matrix"},
+        Case{testing::Fp8Scales::kMissing, "has no weight_scale (or weight_scale_inv) tensor"},
         Case{testing::Fp8Scales::kNonFinite, "expected finite positive scales"}}) {
     fs::remove_all(dir_);
     std::string why;
