@@ -45,8 +45,8 @@ Expected<std::unique_ptr<ops::Backend>> make_backend(const EngineConfig& config)
 // Device backends without an explicit KV size: the pool gets
 // total x gpu_memory_utilization - (memory in use after weights, step
 // buffers and a profiling forward at max_num_batched_tokens).
-Status size_kv_pool(const EngineConfig& config, ModelExecutor& exec, size_t kv_bytes_per_token, int model_max_len,
-                    EngineConfig& sized) {
+Status size_kv_pool(const EngineConfig& config, ModelExecutor& exec, size_t kv_bytes_per_token, DType kv_dtype,
+                    int model_max_len, EngineConfig& sized) {
   if (exec.backend().device() == Device::kCpu || config.kv_cache_bytes_explicit || config.num_kv_blocks > 0)
     return Status::Ok();
   if (kv_bytes_per_token == 0) return invalid_argument("KV bytes per token unknown");
@@ -70,10 +70,11 @@ Status size_kv_pool(const EngineConfig& config, ModelExecutor& exec, size_t kv_b
   spdlog::info(
       "device memory: {:.0f} MiB total x {:.2f} utilization; in use before step buffers {:.0f} MiB (weights {:.0f} "
       "MiB as stored, context), after the profiling forward at {} tokens {:.0f} MiB (activations, workspaces, "
-      "sampler: {:.0f} MiB); KV pool {} pages of {} tokens = {} tokens, {:.0f} MiB",
+      "sampler: {:.0f} MiB); KV pool {} pages of {} tokens = {} tokens, {:.0f} MiB ({} pages, {} bytes a token)",
       prof.total_bytes * mib, config.gpu_memory_utilization, prof.before_bytes * mib, prof.weight_bytes * mib,
       config.max_num_batched_tokens, prof.in_use_bytes * mib, (prof.in_use_bytes - prof.before_bytes) * mib, pages,
-      config.block_size, pages * config.block_size, static_cast<double>(pages) * page_bytes * mib);
+      config.block_size, pages * config.block_size, static_cast<double>(pages) * page_bytes * mib, dtype_name(kv_dtype),
+      kv_bytes_per_token);
   return Status::Ok();
 }
 
@@ -102,6 +103,7 @@ Expected<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
   parts.eos_token_ids.assign(model->config().eos_token_ids.begin(), model->config().eos_token_ids.end());
   parts.model_max_len = model->config().max_position_embeddings;
   parts.kv_bytes_per_token = model->kv_bytes_per_token();
+  const DType kv_dtype = model->kv_dtype();
   parts.model_path = path;
   parts.codec = std::move(model_text.codec);
   if (model_text.tokenizer) parts.text = TextProcessor::wrap(model_text.tokenizer);  // null: token ids only
@@ -109,7 +111,7 @@ Expected<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
   exec_options.enable_graphs = !config.enforce_eager && !config.profile;  // no timer marks inside a graph
   auto executor = std::make_unique<ModelExecutor>(std::move(backend), std::move(model), exec_options);
   EngineConfig sized = config;
-  OSP_RETURN_IF_ERROR(size_kv_pool(config, *executor, parts.kv_bytes_per_token, parts.model_max_len, sized));
+  OSP_RETURN_IF_ERROR(size_kv_pool(config, *executor, parts.kv_bytes_per_token, kv_dtype, parts.model_max_len, sized));
   parts.executor = std::move(executor);
   return make_engine(sized, std::move(parts));
 }
