@@ -8,7 +8,8 @@
 // Two kernels compute the same function:
 //
 // * The tensor-core kernel (16-bit q/out and pages of the same dtype, the
-//   serving case). Four warps per block; warp w takes the block's key tiles
+//   serving case, or F8_E4M3 pages: the comment at mma_decode_kernel). Four
+//   warps per block; warp w takes the block's key tiles
 //   w, w + 4, ... of kTileKeys = 16 keys (a whole page at block_size 16).
 //   Each warp streams its tiles with 16-byte cp.async into its own
 //   kStages-deep ring of shared-memory stages (K and V rows of 2 hd bytes,
@@ -24,9 +25,10 @@
 //   a score row lives in the 4 lanes of a quad, P is rounded to the 16-bit
 //   type for the P V product (as in FlashAttention), l and O stay fp32. The
 //   warps' states are merged through shared memory at the end.
-// * The SIMT kernel (any supported act / page dtype pair, e.g. F32). 128
-//   threads; a "lane group" of kLanes = hd / 8 threads holds one key's row
-//   (8 dims = 16 bytes of a 16-bit page per thread), so a warp covers
+// * The SIMT kernel (any supported act / page dtype pair, e.g. F32; F8
+//   pages through load8_kv). 128 threads; a "lane group" of kLanes = hd / 8
+//   threads holds one key's row (8 dims = 16 bytes of a 16-bit page per
+//   thread), so a warp covers
 //   32 / kLanes keys at once and the block 4 * 32 / kLanes. Each lane group
 //   walks its keys kUnroll at a time (all K and V loads issued before use),
 //   keeping its own online-softmax state (m, l, acc) for the G heads; the

@@ -1,4 +1,5 @@
-// Writes the step's K and V rows into the paged cache at slot_mapping.
+// Writes the step's K and V rows into the paged cache at slot_mapping (any
+// page dtype: F8_E4M3 pages store x / scale, attention/kv_fp8.cuh).
 #include <algorithm>
 
 #include "backend/cuda/attention/kv_fp8.cuh"

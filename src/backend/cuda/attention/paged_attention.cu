@@ -4,7 +4,8 @@
 // of the sequence is (query token r / G, query head kv_head * G + r % G) and
 // G = hq / hk; so the query heads sharing a KV head read each K/V tile once.
 // A block walks the tile's KV range in tiles of kKeys keys (gathered from the
-// pages into shared memory, converted to fp32) with an online softmax in
+// pages into shared memory, converted to fp32; F8_E4M3 pages times their
+// scale: attention/kv_fp8.cuh) with an online softmax in
 // fp32. For long contexts with few tiles the KV range is split over
 // gridDim.z blocks whose partial results (unnormalised acc, running max m,
 // sum l) a second kernel merges.
