@@ -104,31 +104,42 @@ Expected<DType> parse_kv_dtype_option(const std::string& value, DType automatic)
 
 namespace {
 
+constexpr size_t kStagingBytes = size_t{64} << 20;  // host -> device conversion chunks
+
+bool is_float_dtype(DType t) {
+  return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16;
+}
+
+// The values of scale tensor s into out when it has a float dtype and every
+// value is finite and positive; otherwise what is wrong ("" when nothing).
+std::string read_positive_scales(const Tensor& s, std::vector<float>& out) {
+  if (!is_float_dtype(s.dtype())) return "has dtype " + std::string(dtype_name(s.dtype())) + ", expected a float";
+  out.resize(static_cast<size_t>(s.numel()));
+  dequantize_row(s.dtype(), s.data(), out.data(), s.numel());
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (!std::isfinite(out[i]) || out[i] <= 0.0f) {
+      return "holds " + std::to_string(out[i]) + " at " + std::to_string(i) + ", expected finite positive scales";
+    }
+  }
+  return {};
+}
+
 // A checkpoint's scale of F8_E4M3 KV pages (self_attn.k_scale / v_scale,
 // one element of a float dtype): left as it is where the file has none.
 Status read_kv_scale(const LoadedWeights& w, const std::string& name, const std::string& path, float& scale) {
   auto it = w.tensors.find(name);
   if (it == w.tensors.end()) return {};
   const Tensor& t = it->second;
-  if (t.numel() != 1 || !(t.dtype() == DType::kF32 || t.dtype() == DType::kF16 || t.dtype() == DType::kBF16)) {
+  if (t.numel() != 1 || !is_float_dtype(t.dtype())) {
     return corrupt(path + ": tensor '" + name +
-                   "' must be one float32, float16 or bfloat16 value (a per-tensor KV "
-                   "scale), got " +
+                   "' must be one float32, float16 or bfloat16 value (a per-tensor KV scale), got " +
                    std::to_string(t.numel()) + " of " + std::string(dtype_name(t.dtype())));
   }
-  float v = 0.0f;
-  dequantize_row(t.dtype(), t.data(), &v, 1);
-  if (!std::isfinite(v) || v <= 0.0f) {
-    return corrupt(path + ": tensor '" + name + "' (a KV scale) must be positive and finite, got " + std::to_string(v));
-  }
-  scale = v;
+  std::vector<float> v;
+  const std::string why = read_positive_scales(t, v);
+  if (!why.empty()) return corrupt(path + ": tensor '" + name + "' (a KV scale) " + why);
+  scale = v[0];
   return {};
-}
-
-constexpr size_t kStagingBytes = size_t{64} << 20;  // host -> device conversion chunks
-
-bool is_float_dtype(DType t) {
-  return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16;
 }
 
 // One source piece of a weight: a tensor of the loaded file (host memory) or
@@ -147,9 +158,8 @@ struct Part {
   std::vector<float> fp8_scales;
   int64_t fp8_block_rows = 0, fp8_block_cols = 0;  // 0: not block-wise
   bool fp8_ok = false;
-  float fp8_row_scale(int64_t r) const { return fp8_scales.size() == 1 ? fp8_scales[0] : fp8_scales[r]; }
   float fp8_scale_at(int64_t r, int64_t c) const {
-    if (fp8_block_rows == 0) return fp8_row_scale(r);
+    if (fp8_block_rows == 0) return fp8_scales.size() == 1 ? fp8_scales[0] : fp8_scales[static_cast<size_t>(r)];
     const int64_t grid_cols = (cols + fp8_block_cols - 1) / fp8_block_cols;
     return fp8_scales[static_cast<size_t>((r / fp8_block_rows) * grid_cols + c / fp8_block_cols)];
   }
@@ -265,20 +275,11 @@ class WeightBuilder {
                            "grid over the matrix");
       return false;
     }
-    if (!is_float_dtype(s->dtype())) {
-      fail(scale_name, "has dtype " + std::string(dtype_name(s->dtype())) + ", expected a float");
+    const std::string why = read_positive_scales(*s, p.fp8_scales);
+    if (!why.empty()) {
+      fail(scale_name, why);
       return false;
     }
-    std::vector<float> v(static_cast<size_t>(s->numel()));
-    dequantize_row(s->dtype(), s->data(), v.data(), s->numel());
-    for (size_t i = 0; i < v.size(); ++i) {
-      if (!std::isfinite(v[i]) || v[i] <= 0.0f) {
-        fail(scale_name,
-             "holds " + std::to_string(v[i]) + " at " + std::to_string(i) + ", expected finite positive scales");
-        return false;
-      }
-    }
-    p.fp8_scales = std::move(v);
     return true;
   }
 

@@ -7,11 +7,13 @@
 #pragma once
 
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
 #include <vector>
 
+#include "core/check.h"
 #include "core/tensor.h"
 #include "osprey/status.h"
 
@@ -84,6 +86,11 @@ struct LayerKv {
   float k_scale = 1.0f;
   float v_scale = 1.0f;
 };
+
+// The KV page dtypes: F32, F16, BF16, F8_E4M3.
+constexpr bool is_kv_page_dtype(DType t) {
+  return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16 || t == DType::kF8E4M3;
+}
 
 class Backend {
  public:
@@ -248,6 +255,19 @@ class Backend {
   // gate_up's dtype. x [n, d] of gate_up's dtype. This default: host memory
   // (scaled copy, then silu_mul).
   virtual void rms_scaled_silu_mul(const Tensor& x, float x_eps, const Tensor& gate_up, Tensor& out);
+
+  // The page checks every kv_write, paged_attention and qkv_rope_kv_write
+  // makes: K and V pages of one KV page dtype, and for F8_E4M3 positive
+  // finite scales. Aborts with the reason.
+  static void check_kv_pages(const LayerKv& kv) {
+    OSP_CHECK_MSG(kv.k.dtype() == kv.v.dtype() && is_kv_page_dtype(kv.k.dtype()),
+                  "KV pages must be F32, F16, BF16 or F8_E4M3 (K and V alike), got "
+                      << dtype_name(kv.k.dtype()) << " and " << dtype_name(kv.v.dtype()));
+    if (kv.k.dtype() == DType::kF8E4M3) {
+      OSP_CHECK_MSG(std::isfinite(kv.k_scale) && kv.k_scale > 0.0f && std::isfinite(kv.v_scale) && kv.v_scale > 0.0f,
+                    "KV scales must be positive and finite, got " << kv.k_scale << ", " << kv.v_scale);
+    }
+  }
 
   // Writes k, v [n, hk, hd] into the layer's pages at batch.slot_mapping.
   virtual void kv_write(const Tensor& k, const Tensor& v, const AttentionBatch& batch, LayerKv& kv) = 0;

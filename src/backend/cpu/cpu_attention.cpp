@@ -8,7 +8,6 @@
 // done together so each K/V row is loaded once per group.
 #include <algorithm>
 #include <array>
-#include <cmath>
 #include <cstring>
 #include <limits>
 
@@ -17,10 +16,6 @@
 
 namespace osprey::cpu {
 namespace {
-
-bool is_page_dtype(DType t) {
-  return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16 || t == DType::kF8E4M3;
-}
 
 // Every E4M3 code's value.
 const std::array<float, 256>& e4m3_table() {
@@ -55,10 +50,7 @@ void check_pages(const ops::LayerKv& kv) {
   OSP_CHECK_EQ(kv.k.ndim(), 4);
   OSP_CHECK_EQ(kv.v.ndim(), 4);
   for (int i = 0; i < 4; ++i) OSP_CHECK_EQ(kv.k.dim(i), kv.v.dim(i));
-  OSP_CHECK_MSG(is_page_dtype(kv.k.dtype()) && kv.k.dtype() == kv.v.dtype(),
-                "KV pages must be F32, F16, BF16 or F8_E4M3, got " << dtype_name(kv.k.dtype()));
-  OSP_CHECK_MSG(std::isfinite(kv.k_scale) && kv.k_scale > 0.0f && std::isfinite(kv.v_scale) && kv.v_scale > 0.0f,
-                "KV scales must be positive and finite, got " << kv.k_scale << ", " << kv.v_scale);
+  ops::Backend::check_kv_pages(kv);
 }
 
 }  // namespace

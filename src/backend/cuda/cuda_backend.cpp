@@ -424,9 +424,7 @@ void CudaBackend::run_qkv_rope(const Tensor* rms_x, float rms_eps, const Tensor*
   OSP_CHECK_MSG((hq + 2 * hk) * hd == qkv.cols(),
                 "qkv_rope_kv_write: qkv has " << qkv.cols() << " columns, not (hq + 2 hk) * hd");
   OSP_CHECK_EQ(kv.k.dim(3), hd);
-  OSP_CHECK_MSG(kv.k.dtype() == kv.v.dtype() && is_kv_page_dtype(kv.k.dtype()),
-                "KV pages must be F32, F16, BF16 or F8_E4M3");
-  if (kv.k.dtype() == DType::kF8E4M3) check_kv_scales(kv.k_scale, kv.v_scale);
+  check_kv_pages(kv);
   OSP_CHECK(rope.inv_freq != nullptr);
   OSP_CHECK(rope.rotary_dim > 0 && rope.rotary_dim % 2 == 0 && rope.rotary_dim <= hd);
   OSP_CHECK_MSG(q_norm.defined() == k_norm.defined(), "q_norm and k_norm go together");

@@ -225,11 +225,6 @@ inline void launch_dequant_rows(DType dtype, const void* w, int64_t row_bytes, i
 // block_size + row, -1 skips; slots >= num_slots are skipped). Caches are
 // [num_slots, hk, hd] of cache_dtype (F32, F16, BF16, or F8_E4M3 storing
 // k * k_inv_scale and v * v_inv_scale: attention/kv_fp8.cuh).
-// KV page dtypes of the CUDA kernels: F32, F16, BF16, F8_E4M3.
-bool is_kv_page_dtype(DType t);
-// Checks a layer's F8_E4M3 scales (positive, finite; any for the others).
-void check_kv_scales(float k_scale, float v_scale);
-
 void launch_kv_write(DType act, const void* k, const void* v, const int32_t* slot_mapping, int64_t n, int hk, int hd,
                      DType cache_dtype, void* k_cache, void* v_cache, int64_t num_slots, float k_inv_scale,
                      float v_inv_scale, cudaStream_t stream);

@@ -150,18 +150,13 @@ fs::path with_kv_scales(const std::string& tag, const std::function<void(std::ve
   return dir;
 }
 
-std::vector<uint8_t> f32_bytes(float v) {
-  std::vector<uint8_t> b(4);
-  std::memcpy(b.data(), &v, 4);
-  return b;
-}
-
 TEST(Fp8Kv, CheckpointScalesAreReadAndUsed) {
   const fs::path dir = with_kv_scales("ok", [](std::vector<testing::StEntry>& e) {
     for (int l = 0; l < 2; ++l) {
       const std::string p = "model.layers." + std::to_string(l) + ".self_attn.";
-      e.push_back({p + "k_scale", DType::kF32, {}, f32_bytes(0.125f * static_cast<float>(l + 1))});
-      e.push_back({p + "v_scale", DType::kF32, {1}, f32_bytes(3.0f)});
+      e.push_back(
+          {p + "k_scale", DType::kF32, {}, testing::bytes_of(std::vector<float>{0.125f * static_cast<float>(l + 1)})});
+      e.push_back({p + "v_scale", DType::kF32, {1}, testing::bytes_of(std::vector<float>{3.0f})});
     }
   });
   auto backend = ops::make_cpu_backend(2);
@@ -205,9 +200,15 @@ TEST(Fp8Kv, MalformedCheckpointScalesAreRefused) {
   };
   for (const Bad& bad :
        {Bad{"two", {"model.layers.0.self_attn.k_scale", DType::kF32, {2}, std::vector<uint8_t>(8, 0)}, "one float"},
-        Bad{"neg", {"model.layers.1.self_attn.v_scale", DType::kF32, {}, f32_bytes(-1.0f)}, "positive"},
-        Bad{"zero", {"model.layers.0.self_attn.v_scale", DType::kF32, {}, f32_bytes(0.0f)}, "positive"},
-        Bad{"nan", {"model.layers.0.self_attn.k_scale", DType::kF32, {}, f32_bytes(NAN)}, "positive"},
+        Bad{"neg",
+            {"model.layers.1.self_attn.v_scale", DType::kF32, {}, testing::bytes_of(std::vector<float>{-1.0f})},
+            "positive"},
+        Bad{"zero",
+            {"model.layers.0.self_attn.v_scale", DType::kF32, {}, testing::bytes_of(std::vector<float>{0.0f})},
+            "positive"},
+        Bad{"nan",
+            {"model.layers.0.self_attn.k_scale", DType::kF32, {}, testing::bytes_of(std::vector<float>{NAN})},
+            "positive"},
         Bad{"int", {"model.layers.0.self_attn.k_scale", DType::kI32, {}, std::vector<uint8_t>(4, 1)}, "one float"}}) {
     const fs::path dir = with_kv_scales(bad.tag, [&](std::vector<testing::StEntry>& e) { e.push_back(bad.entry); });
     auto m = load(dir.string(), *backend, "fp8");

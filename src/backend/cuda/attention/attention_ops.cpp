@@ -1,7 +1,6 @@
 // CudaBackend::kv_write and paged_attention: shape checks, the split plan,
 // and the kernel launches (kernels in kv_write.cu and paged_attention.cu).
 #include <algorithm>
-#include <cmath>
 
 #include "backend/cuda/cuda_backend_impl.h"
 #include "backend/cuda/host_util.h"
@@ -19,25 +18,13 @@ void check_cache(const ops::LayerKv& kv, int64_t hk, int64_t hd) {
   OSP_CHECK_EQ(kv.k.ndim(), 4);
   OSP_CHECK_EQ(kv.v.ndim(), 4);
   for (int i = 0; i < 4; ++i) OSP_CHECK_EQ(kv.k.dim(i), kv.v.dim(i));
-  OSP_CHECK_MSG(kv.k.dtype() == kv.v.dtype(), "K and V pages differ in dtype");
-  OSP_CHECK_MSG(is_kv_page_dtype(kv.k.dtype()),
-                "KV pages must be F32, F16, BF16 or F8_E4M3, got " << dtype_name(kv.k.dtype()));
-  if (kv.k.dtype() == DType::kF8E4M3) check_kv_scales(kv.k_scale, kv.v_scale);
+  ops::Backend::check_kv_pages(kv);
   OSP_CHECK_MSG(kv.k.device() == Device::kCuda && kv.v.device() == Device::kCuda, "KV pages must be on the device");
   OSP_CHECK_EQ(kv.k.dim(2), hk);
   OSP_CHECK_EQ(kv.k.dim(3), hd);
 }
 
 }  // namespace
-
-bool is_kv_page_dtype(DType t) {
-  return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16 || t == DType::kF8E4M3;
-}
-
-void check_kv_scales(float k_scale, float v_scale) {
-  OSP_CHECK_MSG(std::isfinite(k_scale) && k_scale > 0.0f && std::isfinite(v_scale) && v_scale > 0.0f,
-                "KV scales must be positive and finite, got " << k_scale << ", " << v_scale);
-}
 
 // The mixed step's side stream (cuda_backend_impl.h): created with the
 // device's highest priority, so the decode part's blocks are dispatched

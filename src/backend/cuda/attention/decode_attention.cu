@@ -85,6 +85,7 @@
 #include "backend/cuda/host_util.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/pdl.cuh"
+#include "ops/backend.h"
 
 namespace osprey::cuda {
 namespace {
@@ -806,7 +807,7 @@ bool decode_attention_supported(const PagedAttentionArgs& a) {
   return (a.hd == 64 || a.hd == 128) && (g == 1 || g == 2 || g == 4 || g == 8) && a.hq == g * a.hk &&
          aligned16(a.k_cache) && aligned16(a.v_cache) &&
          (a.act == DType::kF32 || a.act == DType::kBF16 || a.act == DType::kF16) &&
-         is_kv_page_dtype(a.kv_dtype);
+         ops::is_kv_page_dtype(a.kv_dtype);
 }
 
 void plan_decode_splits(PagedAttentionArgs& a, int num_sms) {

@@ -6,8 +6,6 @@
 // are not applied.
 #pragma once
 
-#include <cuda_fp8.h>
-
 #include <cstdint>
 #include <type_traits>
 
@@ -20,28 +18,6 @@ using KvF8 = __nv_fp8_e4m3;
 
 template <class KvT>
 inline constexpr bool kIsKvF8 = std::is_same_v<KvT, KvF8>;
-
-// Two E4M3 codes (the low 16 bits of `pair`, low byte first) as the bits of
-// a half2 (low half first); exact.
-__device__ __forceinline__ uint32_t e4m3x2_to_half2_bits(uint32_t pair) {
-  const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair & 0xffffu), __NV_E4M3);
-  return static_cast<uint32_t>(r.x) | static_cast<uint32_t>(r.y) << 16;
-}
-
-// Four E4M3 codes of a word as fp32 (exact), lowest byte first.
-__device__ __forceinline__ void e4m3x4_to_float(uint32_t w, float out[4]) {
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const uint32_t bits = e4m3x2_to_half2_bits(w >> (16 * h));
-    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&bits));
-    out[2 * h] = f.x;
-    out[2 * h + 1] = f.y;
-  }
-}
-
-__device__ __forceinline__ uint8_t float_to_e4m3(float x) {
-  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3));
-}
 
 // The page value that stores x (already rounded to the activation dtype).
 template <class KvT>

@@ -7,7 +7,6 @@
 // the weights at load and for every FP8 GEMM's input. (The batch-1 GEMV
 // on E4M3 weights is in gemv.cu, with the folded-norm kernels it shares
 // its dot with.)
-#include <cuda_fp8.h>
 
 #include <algorithm>
 #include <type_traits>
@@ -62,10 +61,6 @@ __global__ void __launch_bounds__(kThreads) amax_partials_kernel(const T* __rest
   if (threadIdx.x == 0) partials[blockIdx.x] = m;
 }
 
-__device__ __forceinline__ uint8_t to_e4m3(float v) {
-  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3));
-}
-
 template <class T, bool kVec>
 __global__ void __launch_bounds__(kThreads)
     quantize_e4m3_kernel(const T* __restrict__ x, int64_t count, const float* __restrict__ partials, int parts,
@@ -87,14 +82,14 @@ __global__ void __launch_bounds__(kThreads)
       uint32_t lo = 0, hi = 0;
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        lo |= static_cast<uint32_t>(to_e4m3(__fmul_rn(v[e], inv))) << (8 * e);
-        hi |= static_cast<uint32_t>(to_e4m3(__fmul_rn(v[e + 4], inv))) << (8 * e);
+        lo |= static_cast<uint32_t>(float_to_e4m3(__fmul_rn(v[e], inv))) << (8 * e);
+        hi |= static_cast<uint32_t>(float_to_e4m3(__fmul_rn(v[e + 4], inv))) << (8 * e);
       }
       reinterpret_cast<uint2*>(q)[g] = make_uint2(lo, hi);
     }
   } else {
     for (int64_t i = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; i < count; i += stride)
-      q[i] = to_e4m3(__fmul_rn(to_float(x[i]), inv));
+      q[i] = float_to_e4m3(__fmul_rn(to_float(x[i]), inv));
   }
 }
 
