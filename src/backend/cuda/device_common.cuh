@@ -198,7 +198,7 @@ __device__ __forceinline__ uint32_t e4m3x2_to_half2_bits(uint32_t pair) {
   return static_cast<uint32_t>(r.x) | static_cast<uint32_t>(r.y) << 16;
 }
 
-// Four E4M3 codes of a word as fp32 (exact: through half), lowest byte first.
+// Four E4M3 codes of a word as fp32 (exact), lowest byte first.
 __device__ __forceinline__ void e4m3x4_to_float(uint32_t w, float out[4]) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {

@@ -13,6 +13,9 @@
 // "RMSNorm folded into the GEMV" below), the batch-1 GEMV on E4M3 weights
 // (launch_gemv_fp8), and the fp32 dequantisation of weight panels for the
 // GEMM fallback.
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
@@ -874,11 +877,22 @@ __device__ __forceinline__ void stage_norm_rows(const XT* __restrict__ x, int n,
 // chunk's dot in the same order (dot16_e4m3, through staged_dot), so their
 // results agree bit for bit.
 // The 16 E4M3 codes of a raw 16-byte chunk as fp32 (exact: through half).
+// The conversion of device_common.cuh's e4m3x4_to_float, written out here:
+// through its half2 bit pattern the folded-norm kernels compile to other
+// PTX (extra packing moves, a reordered row loop), which was not measured.
 __device__ __forceinline__ void e4m3x16_to_float(uint4 v, float w[16]) {
-  e4m3x4_to_float(v.x, w);
-  e4m3x4_to_float(v.y, w + 4);
-  e4m3x4_to_float(v.z, w + 8);
-  e4m3x4_to_float(v.w, w + 12);
+  const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const __nv_fp8x2_storage_t pair = static_cast<__nv_fp8x2_storage_t>((words[j] >> (16 * h)) & 0xffffu);
+      const __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3);
+      const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&hr));
+      w[4 * j + 2 * h] = f.x;
+      w[4 * j + 2 * h + 1] = f.y;
+    }
+  }
 }
 
 // dot(x[0, 16), the chunk's 16 codes) in fp32: the first 8 products summed
