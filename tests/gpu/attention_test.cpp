@@ -510,7 +510,8 @@ TEST_F(AttentionTest, F8PagesDecodeAcrossGroupsHeadDimsAndBlockSizes) {
 // Prompts, chunked prefill over earlier pages, and mixed steps (decode rows
 // first, as the engine orders them): the F8 variant of every mma.sync
 // prefill block shape the default choice reaches (short, few-wave and
-// many-wave prompts) next to the decode kernel.
+// many-wave prompts) and, on Hopper, the wgmma kernel's F8 variant for the
+// prompt-heavy steps with head_dim 128, next to the decode kernel.
 TEST_F(AttentionTest, F8PagesPrefillAndMixedSteps) {
   uint32_t seed = 1500;
   for (DType act : {DType::kBF16, DType::kF16}) {

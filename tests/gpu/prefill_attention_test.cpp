@@ -1,4 +1,4 @@
-// Prefill attention on BF16 and on F16 pages (prefill_wgmma.cu, the Hopper
+// Prefill attention on BF16, F16 and F8_E4M3 pages (prefill_wgmma.cu, the Hopper
 // wgmma kernel, where the device and shape allow it; prefill_attention_mma.cu:
 // every block shape and the automatic choice; the wmma fallback; the
 // paged_attention op) against a float64 reference, and the fused QKV norm + RoPE + KV write
@@ -8,7 +8,7 @@
 // Not tests: DISABLED_PrefillAttentionBench prints TFLOP/s of one causal
 // prompt of 1k / 2k / 4k / 8k tokens and of 4 x 2k (Llama-3-8B heads: 32 q /
 // 8 kv x 128) for every block shape and both block orders (bf16), the wgmma
-// kernel (sm_90) and the automatic choice in f16. Run with
+// kernel (sm_90) and the automatic choice in f16 and over F8_E4M3 pages. Run with
 //   gpu_tests --gtest_also_run_disabled_tests --gtest_filter='*PrefillAttentionBench*'
 #include <cuda_runtime_api.h>
 
@@ -46,25 +46,52 @@ struct Seq {
   int q_len, past;
 };
 
-// A prefill step over pages of dt (BF16 or F16; q and out too): random
-// q/k/v (values exact in dt), each sequence's pages a range of its own in
-// shuffled order, positions past + i, slots -1 (this step's K/V already in
-// the pages). Owns its device copies.
+// Scales of the F8_E4M3 pages (Problem's f8_pages): K codes up to 2 / 0.01
+// = 200, V codes up to 2 / 0.5 = 4.
+constexpr float kF8KScale = 0.01f, kF8VScale = 0.5f;
+
+// A prefill step over pages of dt (BF16 or F16; q and out too), or of
+// F8_E4M3 codes under kF8KScale / kF8VScale (f8_pages; q and out of dt):
+// random q/k/v (values exact in dt, or e4m3 codes times the scale), each
+// sequence's pages a range of its own in shuffled order, positions past +
+// i, slots -1 (this step's K/V already in the pages). Owns its device
+// copies.
 class Problem {
  public:
   Problem(ops::Backend& gpu, Heads h, const std::vector<Seq>& seqs, int bs, uint32_t seed, float scale = 0.0f,
-          DType dt = DType::kBF16)
-      : h_(h), bs_(bs), scale_(scale != 0.0f ? scale : 1.0f / std::sqrt(static_cast<float>(h.hd))), dt_(dt) {
+          DType dt = DType::kBF16, bool f8_pages = false)
+      : h_(h),
+        bs_(bs),
+        scale_(scale != 0.0f ? scale : 1.0f / std::sqrt(static_cast<float>(h.hd))),
+        dt_(dt),
+        kv_dt_(f8_pages ? DType::kF8E4M3 : dt) {
     std::mt19937 rng(seed);
     for (const auto& s : seqs) hb_.add_seq_own_pages(s.q_len, s.past + s.q_len, bs, false, &rng);
     pages_ = static_cast<int>(hb_.block_indices.size());
     n_ = hb_.num_tokens();
     const size_t page_elems = static_cast<size_t>(bs) * h.hk * h.hd;
-    k_ = from_el(to_el(random_floats(static_cast<size_t>(pages_) * page_elems, seed + 1, -2, 2)));
-    v_ = from_el(to_el(random_floats(static_cast<size_t>(pages_) * page_elems, seed + 2, -2, 2)));
+    const size_t kv_elems = static_cast<size_t>(pages_) * page_elems;
+    if (f8_pages) {
+      // Codes of random values in [-2, 2]; k_ / v_ hold what they stand for.
+      auto codes = [&](uint32_t s, float kv_scale, std::vector<float>& values) {
+        const auto f = random_floats(kv_elems, s, -2, 2);
+        std::vector<uint8_t> c(kv_elems);
+        values.resize(kv_elems);
+        for (size_t i = 0; i < kv_elems; ++i) {
+          c[i] = f32_to_f8e4m3(f[i] / kv_scale);
+          values[i] = f8e4m3_to_f32(c[i]) * kv_scale;
+        }
+        return c;
+      };
+      gk_.emplace(upload(gpu, codes(seed + 1, kF8KScale, k_)));
+      gv_.emplace(upload(gpu, codes(seed + 2, kF8VScale, v_)));
+    } else {
+      k_ = from_el(to_el(random_floats(kv_elems, seed + 1, -2, 2)));
+      v_ = from_el(to_el(random_floats(kv_elems, seed + 2, -2, 2)));
+      gk_.emplace(upload(gpu, to_el(k_)));
+      gv_.emplace(upload(gpu, to_el(v_)));
+    }
     q_ = from_el(to_el(random_floats(static_cast<size_t>(n_) * h.hq * h.hd, seed + 3, -2, 2)));
-    gk_.emplace(upload(gpu, to_el(k_)));
-    gv_.emplace(upload(gpu, to_el(v_)));
     gq_.emplace(upload(gpu, to_el(q_)));
     go_.emplace(gpu, q_.size() * 2);
     db_.emplace(gpu, hb_);
@@ -76,7 +103,11 @@ class Problem {
     a.q = gq_->get();
     a.k_cache = gk_->get();
     a.v_cache = gv_->get();
-    a.kv_dtype = dt_;
+    a.kv_dtype = kv_dt_;
+    if (kv_dt_ == DType::kF8E4M3) {
+      a.k_scale = kF8KScale;
+      a.v_scale = kF8VScale;
+    }
     a.num_blocks = pages_;
     a.block_size = bs_;
     a.hq = h_.hq;
@@ -91,7 +122,10 @@ class Problem {
   // Whether run(variant) applies here: the wgmma kernel (<= kWgmma) only on
   // an sm_90 device (with sm_90a code built) and for the shapes it covers.
   bool runs(int variant) const {
-    return variant > kWgmma || (cuda::prefill_wgmma_available() && cuda::prefill_wgmma_supports(args()));
+    if (variant <= kWgmma) {
+      return cuda::prefill_wgmma_available() && cuda::prefill_wgmma_supports(args(), kWgmma - variant + 1);
+    }
+    return variant == -2 || kv_dt_ == dt_ || variant >= 0;  // the wmma kernel takes 16-bit pages only
   }
 
   // variant kWgmma - v: variant v + 1 of the Hopper wgmma kernel; -2:
@@ -103,8 +137,12 @@ class Problem {
     if (variant == -2) {
       ops::AttentionBatch b = db_->b;
       b.num_leading_decodes = leading_decodes_;
-      ops::LayerKv kv{Tensor(gk_->get(), dt_, {pages_, bs_, h_.hk, h_.hd}, Device::kCuda),
-                      Tensor(gv_->get(), dt_, {pages_, bs_, h_.hk, h_.hd}, Device::kCuda)};
+      ops::LayerKv kv{Tensor(gk_->get(), kv_dt_, {pages_, bs_, h_.hk, h_.hd}, Device::kCuda),
+                      Tensor(gv_->get(), kv_dt_, {pages_, bs_, h_.hk, h_.hd}, Device::kCuda)};
+      if (kv_dt_ == DType::kF8E4M3) {
+        kv.k_scale = kF8KScale;
+        kv.v_scale = kF8VScale;
+      }
       Tensor q(gq_->get(), dt_, {n_, h_.hq, h_.hd}, Device::kCuda);
       Tensor out(go_->get(), dt_, {n_, h_.hq, h_.hd}, Device::kCuda);
       if (!graph_) {
@@ -198,7 +236,8 @@ class Problem {
     }
     // P is rounded to dt before P V, then the output: a few bf16 ulps (f16,
     // 3 more mantissa bits, is held to the same bound).
-    expect_close(g, ref_, 3e-4, 3e-2, what + " " + std::string(dtype_name(dt_)));
+    expect_close(g, ref_, 3e-4, 3e-2,
+                 what + " " + std::string(dtype_name(dt_)) + " pages " + std::string(dtype_name(kv_dt_)));
   }
 
   double causal_flops() const {
@@ -220,6 +259,7 @@ class Problem {
   int bs_;
   float scale_;
   DType dt_;
+  DType kv_dt_;            // dt_, or F8_E4M3
   HostAttentionBatch hb_;  // slots -1
   int pages_ = 0, n_ = 0;  // pages in the pool (all of hb_'s), tokens
   int leading_decodes_ = 0;
@@ -281,18 +321,18 @@ void every_block_shape_matches_float64(ops::Backend& gpu, DType dt) {
 // eagerly and from a CUDA graph, and the hint may cover fewer decode rows
 // than there are (the rest stay with the prompts).
 void mixed_step_matches_float64(ops::Backend& gpu, DType dt) {
-  const std::vector<Seq> seqs = {{1, 900},  {1, 2047}, {1, 0},   {1, 130}, {1, 4500},
-                                 {700, 0},  {1, 64},   {99, 300}, {1, 17}};
+  const std::vector<Seq> seqs = {{1, 900}, {1, 2047}, {1, 0},    {1, 130}, {1, 4500},
+                                 {700, 0}, {1, 64},   {99, 300}, {1, 17}};
   struct Case {
     Heads h;
     int bs;
   };
   const std::vector<Case> cases = {
-      {{32, 8, 128, 0}, 16},  // Llama-3-8B heads
-      {{8, 8, 128, 0}, 16},   // G = 1
-      {{16, 2, 64, 0}, 32},   // G = 8, hd 64
-      {{8, 1, 128, 300}, 16}, // MQA, window
-      {{16, 4, 128, 0}, 24},  // page size not a power of two
+      {{32, 8, 128, 0}, 16},   // Llama-3-8B heads
+      {{8, 8, 128, 0}, 16},    // G = 1
+      {{16, 2, 64, 0}, 32},    // G = 8, hd 64
+      {{8, 1, 128, 300}, 16},  // MQA, window
+      {{16, 4, 128, 0}, 24},   // page size not a power of two
   };
   uint32_t seed = 501;
   for (const auto& c : cases) {
@@ -314,9 +354,13 @@ void mixed_step_matches_float64(ops::Backend& gpu, DType dt) {
   }
 }
 
-TEST_F(PrefillAttention, MixedStepDecodesSplitOffMatchFloat64) { mixed_step_matches_float64(gpu(), DType::kBF16); }
+TEST_F(PrefillAttention, MixedStepDecodesSplitOffMatchFloat64) {
+  mixed_step_matches_float64(gpu(), DType::kBF16);
+}
 
-TEST_F(PrefillAttention, MixedStepDecodesSplitOffMatchFloat64F16) { mixed_step_matches_float64(gpu(), DType::kF16); }
+TEST_F(PrefillAttention, MixedStepDecodesSplitOffMatchFloat64F16) {
+  mixed_step_matches_float64(gpu(), DType::kF16);
+}
 
 TEST_F(PrefillAttention, EveryBlockShapeMatchesFloat64) {
   every_block_shape_matches_float64(gpu(), DType::kBF16);
@@ -358,9 +402,13 @@ void long_prompts_and_chunks_match_float64(ops::Backend& gpu, DType dt) {
   }
 }
 
-TEST_F(PrefillAttention, LongPromptsAndChunks) { long_prompts_and_chunks_match_float64(gpu(), DType::kBF16); }
+TEST_F(PrefillAttention, LongPromptsAndChunks) {
+  long_prompts_and_chunks_match_float64(gpu(), DType::kBF16);
+}
 
-TEST_F(PrefillAttention, LongPromptsAndChunksF16) { long_prompts_and_chunks_match_float64(gpu(), DType::kF16); }
+TEST_F(PrefillAttention, LongPromptsAndChunksF16) {
+  long_prompts_and_chunks_match_float64(gpu(), DType::kF16);
+}
 
 // Row and key tiles of 128 (the wgmma kernel's): prompts and chunks ending
 // just before, on and after tile boundaries, single rows after 127 and 128
@@ -382,11 +430,49 @@ TEST_F(PrefillAttention, WgmmaTileBoundaries) {
   }
 }
 
+// F8_E4M3 pages: the wgmma kernel's F8 variants (2 and 3, where they run:
+// on an sm_90 device they must), the op and the mma.sync kernel's automatic
+// choice, against float64 over the values the codes stand for; tile
+// boundaries, prompts after earlier pages, a decode row in a prefill step,
+// G = 1 / 4 / 8, page sizes 16 and 24, both 16-bit types.
+TEST_F(PrefillAttention, F8PagesWgmmaMatchFloat64) {
+  const std::vector<Seq> bounds = {{127, 0}, {128, 0},  {129, 0}, {1, 127},   {1, 128}, {31, 97},
+                                   {32, 96}, {33, 224}, {255, 1}, {257, 255}, {2, 0}};
+  const std::vector<Seq> mixed = {{700, 0}, {333, 1200}, {1, 900}, {64, 64}, {129, 3}};
+  struct Case {
+    Heads h;
+    const std::vector<Seq>* seqs;
+    int bs;
+  };
+  const std::vector<Seq> long_prompt = {{2048, 0}};
+  const std::vector<Case> cases = {
+      {{32, 8, 128, 0}, &bounds, 16}, {{8, 8, 128, 0}, &bounds, 16}, {{8, 1, 128, 0}, &bounds, 16},
+      {{32, 8, 128, 0}, &mixed, 16},  {{16, 4, 128, 0}, &mixed, 24}, {{32, 8, 128, 0}, &long_prompt, 16},
+  };
+  uint32_t seed = 900;
+  for (DType dt : {DType::kBF16, DType::kF16}) {
+    for (const auto& c : cases) {
+      Problem pb(gpu(), c.h, *c.seqs, c.bs, seed += 5, 0.0f, dt, true);
+      if (cuda::prefill_wgmma_available()) {
+        EXPECT_TRUE(pb.runs(kWgmma - 1) && pb.runs(kWgmma - 2)) << tag(c.h, c.bs, kWgmma - 2);
+        EXPECT_FALSE(pb.runs(kWgmma) || pb.runs(kWgmma - 3)) << "F8 pages in the variants without a staging area";
+      }
+      for (int variant = kWgmmaLast; variant <= 0; ++variant) {
+        if (variant == -1 || !pb.runs(variant)) continue;
+        pb.poison();
+        pb.run(gpu(), variant);
+        pb.check(gpu(), 7, tag(c.h, c.bs, variant));
+      }
+    }
+  }
+}
+
 // The same launch twice gives the same bits (a race would show as a moving
 // result), for every block shape.
 TEST_F(PrefillAttention, RepeatableBitForBit) {
-  for (DType dt : {DType::kBF16, DType::kF16}) {
-    Problem pb(gpu(), {32, 8, 128, 0}, {{1000, 0}, {300, 700}}, 16, 5, 0.0f, dt);
+  for (int pages = 0; pages < 3; ++pages) {  // pages 2: F8_E4M3 pages, BF16 q
+    const DType dt = pages == 1 ? DType::kF16 : DType::kBF16;
+    Problem pb(gpu(), {32, 8, 128, 0}, {{1000, 0}, {300, 700}}, 16, 5, 0.0f, dt, pages == 2);
     for (int variant = kWgmmaLast; variant < cuda::kNumPrefillMmaVariants; ++variant) {
       if (variant == -2 || variant == -1 || !pb.runs(variant)) continue;
       pb.run(gpu(), variant);
@@ -535,15 +621,17 @@ TEST_F(PrefillAttention, DISABLED_PrefillAttentionBench) {
                                    {{{2048, 0}, {2048, 0}, {2048, 0}, {2048, 0}}, "4x2048"},
                                    {{{512, 3584}}, "512@3584"}};
   for (const auto& c : cases) {
-    for (DType dt : {DType::kBF16, DType::kF16}) {
-      Problem pb(gpu(), {32, 8, 128, 0}, c.seqs, 16, 3, 0.0f, dt);
+    for (int pages = 0; pages < 3; ++pages) {  // 2: F8_E4M3 pages, bf16 q
+      const DType dt = pages == 1 ? DType::kF16 : DType::kBF16;
+      const bool f8 = pages == 2;
+      Problem pb(gpu(), {32, 8, 128, 0}, c.seqs, 16, 3, 0.0f, dt, f8);
       const auto a = pb.args();
       // k <= -2: wgmma variant -1 - k (sm_90 only); -1: wmma; 2 v + o: mma
       // block shape v in order o.
-      const int last = dt == DType::kBF16 ? 2 * cuda::kNumPrefillMmaVariants : 2;
+      const int last = dt == DType::kBF16 && !f8 ? 2 * cuda::kNumPrefillMmaVariants : 2;
       for (int k = -cuda::kNumPrefillWgmmaVariants; k < last; ++k) {
-        if (dt == DType::kF16 && k == -1) continue;
-        if (k <= -2 && !pb.runs(kWgmma)) continue;
+        if ((dt == DType::kF16 || f8) && k == -1) continue;
+        if (k <= -2 && !pb.runs(kWgmma + 2 + k)) continue;
         const int variant = k / 2;
         const auto order = k % 2 == 0 ? cuda::PrefillOrder::kLongestFirst : cuda::PrefillOrder::kPerHead;
         auto launch = [&] {
@@ -570,7 +658,10 @@ TEST_F(PrefillAttention, DISABLED_PrefillAttentionBench) {
         const float med = ms[ms.size() / 2];
         std::string name = "mma" + std::to_string(variant) + (order == cuda::PrefillOrder::kPerHead ? "-ph" : "");
         if (k < 0) name = k <= -2 ? "wgmma" + std::to_string(-1 - k) : "wmma";
-        std::printf("%-10s %-6s %-10s %10.3f %10.1f\n", c.name.c_str(), dt == DType::kF16 ? "f16" : "bf16",
+        std::printf("%-10s %-6s %-10s %10.3f %10.1f\n", c.name.c_str(),
+                    f8                  ? "bf16+f8"
+                    : dt == DType::kF16 ? "f16"
+                                        : "bf16",
                     name.c_str(), med, pb.causal_flops() / (med * 1e-3) / 1e12);
       }
     }

@@ -310,7 +310,7 @@ void launch_prefill_attention(const PagedAttentionArgs& a, cudaStream_t stream) 
     // prompts only. The step must average >= 32 query tokens per sequence
     // (one full tile per KV head at G = 4).
     const bool prompt_heavy = int64_t{a.num_tokens} >= 32 * int64_t{a.num_seqs};
-    if (wgmma_variant >= 0 && prompt_heavy && prefill_wgmma_supports(a) && prefill_wgmma_available()) {
+    if (wgmma_variant >= 0 && prompt_heavy && prefill_wgmma_supports(a, wgmma_variant) && prefill_wgmma_available()) {
       launch_prefill_attention_wgmma(a, stream, wgmma_variant);
     } else {
       launch_prefill_attention_mma(a, stream, 0, order);

@@ -1,5 +1,6 @@
 // Paged prefill attention on Hopper warpgroup MMA (wgmma, sm_90a): 16-bit q,
-// out and pages of one type T (BF16 or F16), head_dim 128, no sliding
+// out and pages of one type T (BF16 or F16), or F8_E4M3 pages (variants 2
+// and 3: widened to T in shared memory), head_dim 128, no sliding
 // window; the same function as prefill_attention_mma.cu (FlashAttention-2
 // arithmetic: fp32 scores and accumulators, online softmax in exp2 with the
 // scale folded in, P rounded to T for P V).
@@ -59,6 +60,7 @@
 #include "backend/cuda/attention/prefill_wgmma.cuh"
 #include "backend/cuda/attention/prefill_wgmma.h"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/device_common.cuh"
 #include "backend/cuda/device_query.h"
 #include "backend/cuda/host_util.h"
 
@@ -450,6 +452,8 @@ struct WgRows {
   // out = O / l for the 16 rows of this warp (block rows wrow ..), staged
   // through those rows of the Q tile (no other warp reads them, and every
   // wgmma reading them has completed) for 16-byte stores.
+  // kKvF8: times the V scale (F8_E4M3 pages).
+  template <bool kKvF8 = false>
   __device__ __forceinline__ void store(const PagedAttentionArgs& a, const WgBlock& b, int wrow) const {
     using T = std::conditional_t<kF16, __half, __nv_bfloat16>;
     unsigned char* smem_q = b.smem + kOffQ;
@@ -459,7 +463,7 @@ struct WgRows {
       float sum = l[h];
       sum += __shfl_xor_sync(0xffffffffu, sum, 1);
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      inv[h] = sum > 0.0f ? 1.0f / sum : 0.0f;
+      inv[h] = sum > 0.0f ? (kKvF8 ? a.v_scale : 1.0f) / sum : 0.0f;
     }
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
@@ -628,20 +632,38 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_wgmma_kernel(PagedAttenti
 // each a dependent global load, they kept the computing warpgroups waiting
 // for K/V (ncu: 19% of warp samples on the full barriers, H200, 4k tokens)
 // and the kernel 20% slower.
+//
+// F8_E4M3 pages (kKvF8): the copying warpgroup gathers each item's bytes
+// (128 keys x 128 one-byte values) with cp.async into a two-item staging
+// area, each thread into a share of its own, so no thread waits for
+// another's copies: with item i + 1 still in flight it waits for its own
+// copies of item i (cp.async.wait_group), widens them to the 16-bit type in
+// registers (the e4m3 values are exact in F16 and BF16) and stores them
+// into the item's ring slot, then arrives on the slot's full barrier
+// (mbarrier.arrive, release) and issues its copies of item i + 2 into the
+// staging half it has just read. Five ring slots make room for the staging
+// area. The K scale goes on the scores, the V scale on the output.
 constexpr int kWsThreads = 384;
-constexpr int kWsSlots = 6;          // K or V tiles in the ring
 constexpr int kWsCopyRegs = 56;      // per thread, copying warpgroup
 constexpr int kWsComputeRegs = 224;  // per thread, computing warpgroups
 // setmaxnreg moves registers within the block's allocation at launch (168
 // a thread: 65536 / 384 rounded down to a multiple of 8); asking for more
 // blocks the raising warpgroups for ever.
 static_assert(kWsCopyRegs * 128 + kWsComputeRegs * 256 <= kWsThreads * 168, "register pool of the block");
-constexpr uint32_t kWsOffSlot = kOffQ + 2 * kQPanel;             // slot s: one K or V tile
-constexpr uint32_t kWsOffBar = kWsOffSlot + kWsSlots * kKvTile;  // uint64_t full[6], empty[6]
-constexpr uint32_t kWsOffHi = kWsOffBar + 2 * kWsSlots * 8;      // int [12]: per-warp largest key bound
-constexpr uint32_t kWsSmemBytes = kWsOffHi + (kWsThreads / 32) * 4 + 1024;
-static_assert(kWsOffSlot % 1024 == 0 && kKvTile % 1024 == 0, "swizzle atoms on 1024-byte boundaries");
-static_assert(kWsSmemBytes <= 227 * 1024, "shared memory per block");
+// Shared memory of the warp-specialised kernel: Q, the ring of kSlots K or
+// V tiles, (F8) the staging area, the barriers and the per-warp key bounds.
+template <bool kKvF8>
+struct WsLayout {
+  static constexpr int kSlots = kKvF8 ? 5 : 6;          // K or V tiles in the ring
+  static constexpr uint32_t kStageItem = kN * kHd;      // F8: one item's bytes
+  static constexpr uint32_t kOffSlot = kOffQ + 2 * kQPanel;  // slot s: one K or V tile
+  static constexpr uint32_t kOffStage = kOffSlot + kSlots * kKvTile;  // F8: [2][kStageItem]
+  static constexpr uint32_t kOffBar = kOffStage + (kKvF8 ? 2 * kStageItem : 0);  // uint64_t full[kSlots], empty[kSlots]
+  static constexpr uint32_t kOffHi = kOffBar + 2 * kSlots * 8;  // int [12]: per-warp largest key bound
+  static constexpr uint32_t kSmemBytes = kOffHi + (kWsThreads / 32) * 4 + 1024;
+  static_assert(kOffSlot % 1024 == 0 && kKvTile % 1024 == 0, "swizzle atoms on 1024-byte boundaries");
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory per block");
+};
 
 #if OSP_WGMMA_DEVICE
 // The copying warpgroup's work: K_t and V_t (t < nt) as items 2 t and
@@ -661,6 +683,8 @@ static_assert(kWsSmemBytes <= 227 * 1024, "shared memory per block");
 template <class T>
 __device__ __forceinline__ void copy_kv_items(const PagedAttentionArgs& a, const WgBlock& b, int tile_hi, int nt,
                                               uint32_t full_bar, uint32_t empty_bar) {
+  constexpr int kWsSlots = WsLayout<false>::kSlots;
+  constexpr uint32_t kWsOffSlot = WsLayout<false>::kOffSlot;
   const KvPages<T> kv(a, b.seq, b.kvh);
   const int c = b.tid & 15;
   const int j0 = b.tid >> 4;  // 0..7: (key % 8) is j0 for every key of this thread
@@ -698,15 +722,109 @@ __device__ __forceinline__ void copy_kv_items(const PagedAttentionArgs& a, const
     copy_items(std::false_type{});
   }
 }
+
+// Sixteen E4M3 codes (16 bytes, lowest first) as sixteen values of the
+// 16-bit type (kF16: F16, else BF16; exact either way), lo = the first 8.
+template <bool kF16>
+__device__ __forceinline__ void widen_e4m3x16(const uint4& w, uint4& lo, uint4& hi) {
+  const uint32_t in[4] = {w.x, w.y, w.z, w.w};
+  uint32_t out[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const uint32_t h2 = e4m3x2_to_half2_bits(in[i / 2] >> (16 * (i % 2)));
+    if constexpr (kF16) {
+      out[i] = h2;
+    } else {
+      const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h2));
+      const __nv_bfloat162 b2 = __float22bfloat162_rn(f);
+      out[i] = *reinterpret_cast<const uint32_t*>(&b2);
+    }
+  }
+  lo = make_uint4(out[0], out[1], out[2], out[3]);
+  hi = make_uint4(out[4], out[5], out[6], out[7]);
+}
+
+// copy_kv_items for F8_E4M3 pages (WsLayout<true>; the scheme is in the
+// comment above kWsThreads). Thread p owns byte chunk c = p % 8 (values
+// 16 c .. 16 c + 15) of keys p / 8 + 16 n (n = 0..7) of every item: its
+// staging share is 16 bytes at (n * 128 + p) * 16 of a staging half, and
+// it widens them into 16-bit chunks 2 c and 2 c + 1 of those rows.
+template <bool kF16>
+__device__ __forceinline__ void copy_kv_items_f8(const PagedAttentionArgs& a, const WgBlock& b, int tile_hi, int nt,
+                                                 uint32_t full_bar, uint32_t empty_bar) {
+  using L = WsLayout<true>;
+  const KvPages<uint8_t> kv(a, b.seq, b.kvh);
+  const int c = b.tid & 7;
+  const int j0 = b.tid >> 3;  // 0..15: (key % 8) is j0 % 8 for every key of this thread
+  const uint32_t dst_lo = swz(kN, j0, 2 * c);
+  const uint32_t dst_hi = swz(kN, j0, 2 * c + 1);
+  const char* chunk_k = reinterpret_cast<const char*>(kv.k) + c * 16;
+  const char* chunk_v = reinterpret_cast<const char*>(kv.v) + c * 16;
+  unsigned char* stage = b.smem + L::kOffStage + b.tid * 16;
+  const uint32_t items = 2u * static_cast<uint32_t>(nt);
+  auto copy_items = [&](auto pow2) {
+    constexpr bool kPow2 = decltype(pow2)::value;
+    int rows[kN / 16];  // K/V row of this thread's keys of the tile
+    // Item i's copies into staging half i % 2, committed as one group;
+    // item 2 t finds the rows of tile t, item 2 t + 1 (issued next) reuses them.
+    auto issue = [&](uint32_t i) {
+      if ((i & 1) == 0) kv.template rows_of<kN / 16, kPow2>(static_cast<int>(i >> 1) * kN + j0, 16, tile_hi, rows);
+      const char* chunk_base = (i & 1) ? chunk_v : chunk_k;
+      unsigned char* dst = stage + (i & 1) * L::kStageItem;
+#pragma unroll
+      for (int n = 0; n < kN / 16; ++n) {
+        cp_async16(dst + n * 128 * 16, kv_chunk_src<uint8_t>(chunk_base, rows[n]), rows[n] >= 0 ? 16 : 0);
+      }
+      cp_async_commit();
+    };
+    issue(0);  // items >= 2 (nt >= 1)
+    issue(1);
+    for (uint32_t i = 0; i < items; ++i) {
+      const uint32_t st = i % L::kSlots;
+      if (i + 1 < items) {
+        cp_async_wait<1>();  // item i landed; item i + 1 may still be in flight
+      } else {
+        cp_async_wait<0>();
+      }
+      if (i >= L::kSlots) wgmma::mbar_wait(empty_bar + 8 * st, ((i / L::kSlots) - 1) & 1u);
+      const unsigned char* src = stage + (i & 1) * L::kStageItem;
+      unsigned char* dst = b.smem + L::kOffSlot + st * kKvTile;
+#pragma unroll
+      for (int n = 0; n < kN / 16; ++n) {
+        uint4 lo, hi;
+        widen_e4m3x16<kF16>(*reinterpret_cast<const uint4*>(src + n * 128 * 16), lo, hi);
+        *reinterpret_cast<uint4*>(dst + dst_lo + n * 16 * 128) = lo;
+        *reinterpret_cast<uint4*>(dst + dst_hi + n * 16 * 128) = hi;
+      }
+      // The stores before the computing warpgroups' wgmma reads (they also
+      // fence after their wait), and before this thread's next copies
+      // overwrite the staging half it has just read.
+      wgmma::fence_proxy_async_shared();
+      wgmma::mbar_arrive(full_bar + 8 * st);
+      if (i + 2 < items) issue(i + 2);
+    }
+  };
+  if (kv.bs_pow2) {
+    copy_items(std::true_type{});
+  } else {
+    copy_items(std::false_type{});
+  }
+}
 #endif  // OSP_WGMMA_DEVICE
 
 // kPingpong: the two computing warpgroups take turns to issue their wgmma
 // (named barriers 1 and 2), so that one's softmax runs while the other's
 // matrix products do.
-template <bool kF16, bool kPingpong>
+// kKvF8: F8_E4M3 pages (copy_kv_items_f8), q and out of the 16-bit type.
+template <bool kF16, bool kPingpong, bool kKvF8 = false>
 __global__ void __launch_bounds__(kWsThreads, 1) prefill_wgmma_ws_kernel(PagedAttentionArgs a, int tiles_per_seq) {
 #if OSP_WGMMA_DEVICE
   using T = std::conditional_t<kF16, __half, __nv_bfloat16>;
+  using L = WsLayout<kKvF8>;
+  constexpr int kWsSlots = L::kSlots;
+  constexpr uint32_t kWsOffSlot = L::kOffSlot;
+  constexpr uint32_t kWsOffBar = L::kOffBar;
+  constexpr uint32_t kWsOffHi = L::kOffHi;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   WgBlock b;
   if (!wg_block(a, tiles_per_seq, smem_raw, b)) return;
@@ -739,7 +857,11 @@ __global__ void __launch_bounds__(kWsThreads, 1) prefill_wgmma_ws_kernel(PagedAt
   if (wg == 0) {
     // Copying warpgroup (copy_kv_items).
     wgmma::regs_dec<kWsCopyRegs>();
-    copy_kv_items<T>(a, b, tile_hi, nt, full_bar, empty_bar);
+    if constexpr (kKvF8) {
+      if (nt > 0) copy_kv_items_f8<kF16>(a, b, tile_hi, nt, full_bar, empty_bar);
+    } else {
+      copy_kv_items<T>(a, b, tile_hi, nt, full_bar, empty_bar);
+    }
     cp_async_commit();  // no copy of this thread outlives it
     cp_async_wait<0>();
   } else {
@@ -748,7 +870,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) prefill_wgmma_ws_kernel(PagedAt
     float s[64];
     uint32_t pa[8][4];
     float m[2], l[2];
-    WgRows<kF16> w(o, s, pa, m, l, hi, a.scale, b.sbase, wg - 1);
+    WgRows<kF16> w(o, s, pa, m, l, hi, kKvF8 ? a.scale * a.k_scale : a.scale, b.sbase, wg - 1);
     // Turns (kPingpong): warpgroup cw waits on barrier 1 + cw before issuing
     // and then releases the other's; warpgroup 1 opens warpgroup 0's first
     // turn and skips its own last release, so every barrier sees as many
@@ -790,6 +912,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) prefill_wgmma_ws_kernel(PagedAt
       // Both arms wait (WgRows::wait_rescale); V_{t-1} is handed back
       // where the copying warpgroup still needs its slot
       // (item 2 t - 1 + kWsSlots < 2 nt).
+      static_assert(kWsSlots == 5 || kWsSlots == 6, "for 5 and 6 slots, 2 t - 1 + kWsSlots < 2 nt is t + 2 < nt");
       if (!kFirst && t + 2 < nt) {
         w.wait_rescale();
         release(2 * t - 1);
@@ -810,7 +933,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) prefill_wgmma_ws_kernel(PagedAt
       if (cw == 0) your_turn();
       w.wait_pv();
     }
-    w.store(a, b, wrow);
+    w.template store<kKvF8>(a, b, wrow);
   }
 #else
   (void)a;
@@ -831,14 +954,20 @@ bool prefill_wgmma_available() {
 
 bool prefill_wgmma_supports(const PagedAttentionArgs& a) {
   // K/V rows (slot x KV head) are indexed with an int.
-  return prefill_attention_supported(a) && a.kv_dtype == a.act && a.hd == kHd && a.window == 0 && a.scale > 0.0f && aligned16(a.out) &&
+  return prefill_attention_supported(a) && (a.kv_dtype == a.act || a.kv_dtype == DType::kF8E4M3) && a.hd == kHd &&
+         a.window == 0 && a.scale > 0.0f && aligned16(a.out) &&
          int64_t{a.num_blocks} * a.block_size * a.hk < int64_t{INT_MAX};
 }
 
+bool prefill_wgmma_supports(const PagedAttentionArgs& a, int variant) {
+  if (variant == 0) variant = kPrefillWgmmaDefaultVariant;
+  return variant > 0 && variant < kNumPrefillWgmmaVariants && prefill_wgmma_supports(a) &&
+         (a.kv_dtype == a.act || variant == 2 || variant == 3);
+}
+
 void launch_prefill_attention_wgmma(const PagedAttentionArgs& a, cudaStream_t stream, int variant) {
-  OSP_CHECK(prefill_wgmma_supports(a));
+  OSP_CHECK(prefill_wgmma_supports(a, variant));
   OSP_CHECK(prefill_wgmma_available());
-  OSP_CHECK(variant >= 0 && variant < kNumPrefillWgmmaVariants);
   if (a.num_tokens == 0 || a.num_seqs == 0 || a.max_q_len == 0) return;
   if (variant == 0) variant = kPrefillWgmmaDefaultVariant;
   const int group = a.hq / a.hk;
@@ -850,9 +979,16 @@ void launch_prefill_attention_wgmma(const PagedAttentionArgs& a, cudaStream_t st
   if (variant == 4) kernel = f16 ? prefill_wgmma_kernel<true, true> : prefill_wgmma_kernel<false, true>;
   if (variant == 2) kernel = f16 ? prefill_wgmma_ws_kernel<true, false> : prefill_wgmma_ws_kernel<false, false>;
   if (variant == 3) kernel = f16 ? prefill_wgmma_ws_kernel<true, true> : prefill_wgmma_ws_kernel<false, true>;
+  const bool f8 = a.kv_dtype == DType::kF8E4M3;
+  if (f8 && variant == 2) {
+    kernel = f16 ? prefill_wgmma_ws_kernel<true, false, true> : prefill_wgmma_ws_kernel<false, false, true>;
+  }
+  if (f8 && variant == 3) {
+    kernel = f16 ? prefill_wgmma_ws_kernel<true, true, true> : prefill_wgmma_ws_kernel<false, true, true>;
+  }
   const bool ws = variant == 2 || variant == 3;
   const int threads = ws ? kWsThreads : kThreads;
-  const uint32_t smem = ws ? kWsSmemBytes : kSmemBytes;
+  const uint32_t smem = !ws ? kSmemBytes : f8 ? WsLayout<true>::kSmemBytes : WsLayout<false>::kSmemBytes;
   set_max_dynamic_smem_once(kernel, smem);
   kernel<<<static_cast<unsigned>(blocks), threads, smem, stream>>>(a, static_cast<int>(tiles));
   OSP_CUDA_CHECK_LAUNCH();

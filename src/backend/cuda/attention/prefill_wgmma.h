@@ -15,9 +15,13 @@ namespace osprey::cuda {
 bool prefill_wgmma_available();
 
 // The shapes the wgmma kernel covers: prefill_attention_supported(a),
-// BF16 or F16, head_dim 128, no sliding window, scale > 0, out 16-byte
-// aligned. (head_dim 64, windows and the rest stay on the mma.sync kernel.)
+// BF16 or F16 q and out, pages of that type or F8_E4M3, head_dim 128, no
+// sliding window, scale > 0, out 16-byte aligned. (head_dim 64, windows and
+// the rest stay on the mma.sync kernel.)
 bool prefill_wgmma_supports(const PagedAttentionArgs& a);
+// prefill_wgmma_supports(a) and `variant` (below; 0: the default) built for
+// a's pages: F8_E4M3 pages only in the warp-specialised variants 2 and 3.
+bool prefill_wgmma_supports(const PagedAttentionArgs& a, int variant);
 
 // Kernel variants (all compute the same function): 0 the default (3);
 // 1: two warpgroups of 64 rows that also gather K/V (cp.async, block
@@ -39,8 +43,8 @@ bool prefill_wgmma_supports(const PagedAttentionArgs& a);
 constexpr int kNumPrefillWgmmaVariants = 5;
 constexpr int kPrefillWgmmaDefaultVariant = 3;
 
-// Preconditions: prefill_wgmma_available(), prefill_wgmma_supports(a), at
-// least one query token. Computes the same function as
+// Preconditions: prefill_wgmma_available(), prefill_wgmma_supports(a,
+// variant). Computes the same function as
 // launch_prefill_attention_mma.
 void launch_prefill_attention_wgmma(const PagedAttentionArgs& a, cudaStream_t stream, int variant = 0);
 
