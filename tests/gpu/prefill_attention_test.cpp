@@ -46,25 +46,31 @@ struct Seq {
   int q_len, past;
 };
 
-// Scales of the F8_E4M3 pages (Problem's f8_pages): K codes up to 2 / 0.01
-// = 200, V codes up to 2 / 0.5 = 4.
-constexpr float kF8KScale = 0.01f, kF8VScale = 0.5f;
+// F8_E4M3 pages of a Problem: kNone (16-bit pages), kRandom (codes of
+// random values in [-2, 2] under scales 0.01 for K and 0.5 for V: K codes up
+// to 200, V codes up to 4), kSubnormal (only the codes of magnitude below
+// 2^-6, subnormal or zero, under scale 64 for both: values up to 0.875, so
+// a reader that flushes or misreads them fails).
+enum class F8Pages { kNone, kRandom, kSubnormal };
 
 // A prefill step over pages of dt (BF16 or F16; q and out too), or of
-// F8_E4M3 codes under kF8KScale / kF8VScale (f8_pages; q and out of dt):
-// random q/k/v (values exact in dt, or e4m3 codes times the scale), each
+// F8_E4M3 codes (f8, F8Pages; q and out of dt): random q/k/v (values exact
+// in dt, or e4m3 codes times the scale), each
 // sequence's pages a range of its own in shuffled order, positions past +
 // i, slots -1 (this step's K/V already in the pages). Owns its device
 // copies.
 class Problem {
  public:
   Problem(ops::Backend& gpu, Heads h, const std::vector<Seq>& seqs, int bs, uint32_t seed, float scale = 0.0f,
-          DType dt = DType::kBF16, bool f8_pages = false)
+          DType dt = DType::kBF16, F8Pages f8 = F8Pages::kNone)
       : h_(h),
         bs_(bs),
         scale_(scale != 0.0f ? scale : 1.0f / std::sqrt(static_cast<float>(h.hd))),
         dt_(dt),
-        kv_dt_(f8_pages ? DType::kF8E4M3 : dt) {
+        kv_dt_(f8 != F8Pages::kNone ? DType::kF8E4M3 : dt),
+        k_scale_(f8 == F8Pages::kSubnormal ? 64.0f : 0.01f),
+        v_scale_(f8 == F8Pages::kSubnormal ? 64.0f : 0.5f) {
+    const bool f8_pages = f8 != F8Pages::kNone;
     std::mt19937 rng(seed);
     for (const auto& s : seqs) hb_.add_seq_own_pages(s.q_len, s.past + s.q_len, bs, false, &rng);
     pages_ = static_cast<int>(hb_.block_indices.size());
@@ -78,13 +84,17 @@ class Problem {
         std::vector<uint8_t> c(kv_elems);
         values.resize(kv_elems);
         for (size_t i = 0; i < kv_elems; ++i) {
-          c[i] = f32_to_f8e4m3(f[i] / kv_scale);
+          // kSubnormal: the sign of the random value, a mantissa from its
+          // magnitude, exponent field 0.
+          c[i] = f8 == F8Pages::kSubnormal
+                     ? static_cast<uint8_t>((f[i] < 0 ? 0x80 : 0) | (static_cast<int>(std::fabs(f[i]) * 4.0f) & 7))
+                     : f32_to_f8e4m3(f[i] / kv_scale);
           values[i] = f8e4m3_to_f32(c[i]) * kv_scale;
         }
         return c;
       };
-      gk_.emplace(upload(gpu, codes(seed + 1, kF8KScale, k_)));
-      gv_.emplace(upload(gpu, codes(seed + 2, kF8VScale, v_)));
+      gk_.emplace(upload(gpu, codes(seed + 1, k_scale_, k_)));
+      gv_.emplace(upload(gpu, codes(seed + 2, v_scale_, v_)));
     } else {
       k_ = from_el(to_el(random_floats(kv_elems, seed + 1, -2, 2)));
       v_ = from_el(to_el(random_floats(kv_elems, seed + 2, -2, 2)));
@@ -105,8 +115,8 @@ class Problem {
     a.v_cache = gv_->get();
     a.kv_dtype = kv_dt_;
     if (kv_dt_ == DType::kF8E4M3) {
-      a.k_scale = kF8KScale;
-      a.v_scale = kF8VScale;
+      a.k_scale = k_scale_;
+      a.v_scale = v_scale_;
     }
     a.num_blocks = pages_;
     a.block_size = bs_;
@@ -140,8 +150,8 @@ class Problem {
       ops::LayerKv kv{Tensor(gk_->get(), kv_dt_, {pages_, bs_, h_.hk, h_.hd}, Device::kCuda),
                       Tensor(gv_->get(), kv_dt_, {pages_, bs_, h_.hk, h_.hd}, Device::kCuda)};
       if (kv_dt_ == DType::kF8E4M3) {
-        kv.k_scale = kF8KScale;
-        kv.v_scale = kF8VScale;
+        kv.k_scale = k_scale_;
+        kv.v_scale = v_scale_;
       }
       Tensor q(gq_->get(), dt_, {n_, h_.hq, h_.hd}, Device::kCuda);
       Tensor out(go_->get(), dt_, {n_, h_.hq, h_.hd}, Device::kCuda);
@@ -259,9 +269,10 @@ class Problem {
   int bs_;
   float scale_;
   DType dt_;
-  DType kv_dt_;            // dt_, or F8_E4M3
-  HostAttentionBatch hb_;  // slots -1
-  int pages_ = 0, n_ = 0;  // pages in the pool (all of hb_'s), tokens
+  DType kv_dt_;              // dt_, or F8_E4M3
+  float k_scale_, v_scale_;  // F8_E4M3 pages
+  HostAttentionBatch hb_;    // slots -1
+  int pages_ = 0, n_ = 0;    // pages in the pool (all of hb_'s), tokens
   int leading_decodes_ = 0;
   bool graph_ = false;
   std::vector<float> k_, v_, q_;
@@ -434,7 +445,8 @@ TEST_F(PrefillAttention, WgmmaTileBoundaries) {
 // on an sm_90 device they must), the op and the mma.sync kernel's automatic
 // choice, against float64 over the values the codes stand for; tile
 // boundaries, prompts after earlier pages, a decode row in a prefill step,
-// G = 1 / 4 / 8, page sizes 16 and 24, both 16-bit types.
+// G = 1 / 4 / 8, page sizes 16 and 24, both 16-bit types; and pages of
+// subnormal codes only.
 TEST_F(PrefillAttention, F8PagesWgmmaMatchFloat64) {
   const std::vector<Seq> bounds = {{127, 0}, {128, 0},  {129, 0}, {1, 127},   {1, 128}, {31, 97},
                                    {32, 96}, {33, 224}, {255, 1}, {257, 255}, {2, 0}};
@@ -443,16 +455,22 @@ TEST_F(PrefillAttention, F8PagesWgmmaMatchFloat64) {
     Heads h;
     const std::vector<Seq>* seqs;
     int bs;
+    F8Pages f8 = F8Pages::kRandom;
   };
   const std::vector<Seq> long_prompt = {{2048, 0}};
   const std::vector<Case> cases = {
-      {{32, 8, 128, 0}, &bounds, 16}, {{8, 8, 128, 0}, &bounds, 16}, {{8, 1, 128, 0}, &bounds, 16},
-      {{32, 8, 128, 0}, &mixed, 16},  {{16, 4, 128, 0}, &mixed, 24}, {{32, 8, 128, 0}, &long_prompt, 16},
+      {{32, 8, 128, 0}, &bounds, 16},
+      {{8, 8, 128, 0}, &bounds, 16},
+      {{8, 1, 128, 0}, &bounds, 16},
+      {{32, 8, 128, 0}, &mixed, 16},
+      {{16, 4, 128, 0}, &mixed, 24},
+      {{32, 8, 128, 0}, &long_prompt, 16},
+      {{32, 8, 128, 0}, &mixed, 16, F8Pages::kSubnormal},  // codes below 2^-6 only
   };
   uint32_t seed = 900;
   for (DType dt : {DType::kBF16, DType::kF16}) {
     for (const auto& c : cases) {
-      Problem pb(gpu(), c.h, *c.seqs, c.bs, seed += 5, 0.0f, dt, true);
+      Problem pb(gpu(), c.h, *c.seqs, c.bs, seed += 5, 0.0f, dt, c.f8);
       if (cuda::prefill_wgmma_available()) {
         EXPECT_TRUE(pb.runs(kWgmma - 1) && pb.runs(kWgmma - 2)) << tag(c.h, c.bs, kWgmma - 2);
         EXPECT_FALSE(pb.runs(kWgmma) || pb.runs(kWgmma - 3)) << "F8 pages in the variants without a staging area";
@@ -472,7 +490,8 @@ TEST_F(PrefillAttention, F8PagesWgmmaMatchFloat64) {
 TEST_F(PrefillAttention, RepeatableBitForBit) {
   for (int pages = 0; pages < 3; ++pages) {  // pages 2: F8_E4M3 pages, BF16 q
     const DType dt = pages == 1 ? DType::kF16 : DType::kBF16;
-    Problem pb(gpu(), {32, 8, 128, 0}, {{1000, 0}, {300, 700}}, 16, 5, 0.0f, dt, pages == 2);
+    Problem pb(gpu(), {32, 8, 128, 0}, {{1000, 0}, {300, 700}}, 16, 5, 0.0f, dt,
+               pages == 2 ? F8Pages::kRandom : F8Pages::kNone);
     for (int variant = kWgmmaLast; variant < cuda::kNumPrefillMmaVariants; ++variant) {
       if (variant == -2 || variant == -1 || !pb.runs(variant)) continue;
       pb.run(gpu(), variant);
@@ -606,7 +625,7 @@ TEST_F(PrefillAttention, DISABLED_PrefillAttentionBench) {
   cudaDeviceProp prop{};
   ASSERT_EQ(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
   std::printf("prefill attention bench on %s: causal, hq 32, hk 8, hd 128, pages of 16\n", prop.name);
-  std::printf("%-10s %-6s %-10s %10s %10s\n", "tokens", "dtype", "kernel", "ms", "TFLOP/s");
+  std::printf("%-10s %-7s %-10s %10s %10s\n", "tokens", "dtype", "kernel", "ms", "TFLOP/s");
   cudaEvent_t e0, e1;
   ASSERT_EQ(cudaEventCreate(&e0), cudaSuccess);
   ASSERT_EQ(cudaEventCreate(&e1), cudaSuccess);
@@ -621,10 +640,10 @@ TEST_F(PrefillAttention, DISABLED_PrefillAttentionBench) {
                                    {{{2048, 0}, {2048, 0}, {2048, 0}, {2048, 0}}, "4x2048"},
                                    {{{512, 3584}}, "512@3584"}};
   for (const auto& c : cases) {
-    for (int pages = 0; pages < 3; ++pages) {  // 2: F8_E4M3 pages, bf16 q
-      const DType dt = pages == 1 ? DType::kF16 : DType::kBF16;
-      const bool f8 = pages == 2;
-      Problem pb(gpu(), {32, 8, 128, 0}, c.seqs, 16, 3, 0.0f, dt, f8);
+    for (int pages = 0; pages < 4; ++pages) {  // 2, 3: F8_E4M3 pages, bf16 / f16 q
+      const DType dt = pages % 2 == 1 ? DType::kF16 : DType::kBF16;
+      const bool f8 = pages >= 2;
+      Problem pb(gpu(), {32, 8, 128, 0}, c.seqs, 16, 3, 0.0f, dt, f8 ? F8Pages::kRandom : F8Pages::kNone);
       const auto a = pb.args();
       // k <= -2: wgmma variant -1 - k (sm_90 only); -1: wmma; 2 v + o: mma
       // block shape v in order o.
@@ -658,11 +677,9 @@ TEST_F(PrefillAttention, DISABLED_PrefillAttentionBench) {
         const float med = ms[ms.size() / 2];
         std::string name = "mma" + std::to_string(variant) + (order == cuda::PrefillOrder::kPerHead ? "-ph" : "");
         if (k < 0) name = k <= -2 ? "wgmma" + std::to_string(-1 - k) : "wmma";
-        std::printf("%-10s %-6s %-10s %10.3f %10.1f\n", c.name.c_str(),
-                    f8                  ? "bf16+f8"
-                    : dt == DType::kF16 ? "f16"
-                                        : "bf16",
-                    name.c_str(), med, pb.causal_flops() / (med * 1e-3) / 1e12);
+        const std::string dts = std::string(dt == DType::kF16 ? "f16" : "bf16") + (f8 ? "+f8" : "");
+        std::printf("%-10s %-7s %-10s %10.3f %10.1f\n", c.name.c_str(), dts.c_str(), name.c_str(), med,
+                    pb.causal_flops() / (med * 1e-3) / 1e12);
       }
     }
   }

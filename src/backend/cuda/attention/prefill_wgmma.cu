@@ -1,7 +1,7 @@
 // Paged prefill attention on Hopper warpgroup MMA (wgmma, sm_90a): 16-bit q,
 // out and pages of one type T (BF16 or F16), or F8_E4M3 pages (variants 2
-// and 3: widened to T in shared memory), head_dim 128, no sliding
-// window; the same function as prefill_attention_mma.cu (FlashAttention-2
+// and 3: widened to T in shared memory), head_dim 128, no sliding window;
+// the same function as prefill_attention_mma.cu (FlashAttention-2
 // arithmetic: fp32 scores and accumulators, online softmax in exp2 with the
 // scale folded in, P rounded to T for P V).
 //
@@ -637,12 +637,12 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_wgmma_kernel(PagedAttenti
 // (128 keys x 128 one-byte values) with cp.async into a two-item staging
 // area, each thread into a share of its own, so no thread waits for
 // another's copies: with item i + 1 still in flight it waits for its own
-// copies of item i (cp.async.wait_group), widens them to the 16-bit type in
-// registers (the e4m3 values are exact in F16 and BF16) and stores them
-// into the item's ring slot, then arrives on the slot's full barrier
-// (mbarrier.arrive, release) and issues its copies of item i + 2 into the
-// staging half it has just read. Five ring slots make room for the staging
-// area. The K scale goes on the scores, the V scale on the output.
+// copies of item i (cp.async.wait_group), widens them to T in registers
+// (exact in F16 and BF16) and stores them into the item's ring slot, then
+// arrives on the slot's full barrier (mbarrier.arrive, release) and issues
+// its copies of item i + 2 into the staging half it has just read. Five
+// ring slots make room for the staging area. The K scale goes on the
+// scores, the V scale on the output.
 constexpr int kWsThreads = 384;
 constexpr int kWsCopyRegs = 56;      // per thread, copying warpgroup
 constexpr int kWsComputeRegs = 224;  // per thread, computing warpgroups
@@ -652,13 +652,16 @@ constexpr int kWsComputeRegs = 224;  // per thread, computing warpgroups
 static_assert(kWsCopyRegs * 128 + kWsComputeRegs * 256 <= kWsThreads * 168, "register pool of the block");
 // Shared memory of the warp-specialised kernel: Q, the ring of kSlots K or
 // V tiles, (F8) the staging area, the barriers and the per-warp key bounds.
+// (Measured on an H200, 2026-11-28: three F8 items staged with four ring
+// slots gave nothing over two with five.)
 template <bool kKvF8>
 struct WsLayout {
+  static constexpr int kStages = 2;                     // F8: items in the staging area
   static constexpr int kSlots = kKvF8 ? 5 : 6;          // K or V tiles in the ring
   static constexpr uint32_t kStageItem = kN * kHd;      // F8: one item's bytes
   static constexpr uint32_t kOffSlot = kOffQ + 2 * kQPanel;  // slot s: one K or V tile
-  static constexpr uint32_t kOffStage = kOffSlot + kSlots * kKvTile;  // F8: [2][kStageItem]
-  static constexpr uint32_t kOffBar = kOffStage + (kKvF8 ? 2 * kStageItem : 0);  // uint64_t full[kSlots], empty[kSlots]
+  static constexpr uint32_t kOffStage = kOffSlot + kSlots * kKvTile;  // F8: [kStages][kStageItem]
+  static constexpr uint32_t kOffBar = kOffStage + (kKvF8 ? kStages * kStageItem : 0);  // uint64_t full[kSlots], empty[kSlots]
   static constexpr uint32_t kOffHi = kOffBar + 2 * kSlots * 8;  // int [12]: per-warp largest key bound
   static constexpr uint32_t kSmemBytes = kOffHi + (kWsThreads / 32) * 4 + 1024;
   static_assert(kOffSlot % 1024 == 0 && kKvTile % 1024 == 0, "swizzle atoms on 1024-byte boundaries");
@@ -724,7 +727,15 @@ __device__ __forceinline__ void copy_kv_items(const PagedAttentionArgs& a, const
 }
 
 // Sixteen E4M3 codes (16 bytes, lowest first) as sixteen values of the
-// 16-bit type (kF16: F16, else BF16; exact either way), lo = the first 8.
+// 16-bit type (kF16: F16, else BF16 by way of fp32; exact either way), lo =
+// the first 8; one cvt.rn.f16x2.e4m3x2 a pair. Measured on an H200
+// (2026-11-28): integer moves and a 16-bit multiply a pair instead made the
+// kernel 7-14% slower (the copying warpgroup's instructions, not the
+// conversion unit, compete with the computing warpgroups); computing in
+// F16 under BF16 q (q rounded to F16 on load, no BF16 widening) changed it
+// by -2% to +4% by length, within the spread between machines, and was
+// not kept. (Written over a copy of the four words: reading w's members in
+// place, the caller's 16-byte shared load compiled to four 4-byte ones.)
 template <bool kF16>
 __device__ __forceinline__ void widen_e4m3x16(const uint4& w, uint4& lo, uint4& hi) {
   const uint32_t in[4] = {w.x, w.y, w.z, w.w};
@@ -735,8 +746,7 @@ __device__ __forceinline__ void widen_e4m3x16(const uint4& w, uint4& lo, uint4& 
     if constexpr (kF16) {
       out[i] = h2;
     } else {
-      const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h2));
-      const __nv_bfloat162 b2 = __float22bfloat162_rn(f);
+      const __nv_bfloat162 b2 = __float22bfloat162_rn(__half22float2(*reinterpret_cast<const __half2*>(&h2)));
       out[i] = *reinterpret_cast<const uint32_t*>(&b2);
     }
   }
@@ -753,6 +763,7 @@ template <bool kF16>
 __device__ __forceinline__ void copy_kv_items_f8(const PagedAttentionArgs& a, const WgBlock& b, int tile_hi, int nt,
                                                  uint32_t full_bar, uint32_t empty_bar) {
   using L = WsLayout<true>;
+  constexpr int kStages = L::kStages;
   const KvPages<uint8_t> kv(a, b.seq, b.kvh);
   const int c = b.tid & 7;
   const int j0 = b.tid >> 3;  // 0..15: (key % 8) is j0 % 8 for every key of this thread
@@ -765,29 +776,29 @@ __device__ __forceinline__ void copy_kv_items_f8(const PagedAttentionArgs& a, co
   auto copy_items = [&](auto pow2) {
     constexpr bool kPow2 = decltype(pow2)::value;
     int rows[kN / 16];  // K/V row of this thread's keys of the tile
-    // Item i's copies into staging half i % 2, committed as one group;
-    // item 2 t finds the rows of tile t, item 2 t + 1 (issued next) reuses them.
+    // Item i's copies into staging part i % kStages, committed as one
+    // group (an empty group past the last item, so that every wait below
+    // counts the same); item 2 t finds the rows of tile t, item 2 t + 1
+    // (issued next) reuses them.
     auto issue = [&](uint32_t i) {
-      if ((i & 1) == 0) kv.template rows_of<kN / 16, kPow2>(static_cast<int>(i >> 1) * kN + j0, 16, tile_hi, rows);
-      const char* chunk_base = (i & 1) ? chunk_v : chunk_k;
-      unsigned char* dst = stage + (i & 1) * L::kStageItem;
+      if (i < items) {
+        if ((i & 1) == 0) kv.template rows_of<kN / 16, kPow2>(static_cast<int>(i >> 1) * kN + j0, 16, tile_hi, rows);
+        const char* chunk_base = (i & 1) ? chunk_v : chunk_k;
+        unsigned char* dst = stage + (i % kStages) * L::kStageItem;
 #pragma unroll
-      for (int n = 0; n < kN / 16; ++n) {
-        cp_async16(dst + n * 128 * 16, kv_chunk_src<uint8_t>(chunk_base, rows[n]), rows[n] >= 0 ? 16 : 0);
+        for (int n = 0; n < kN / 16; ++n) {
+          cp_async16(dst + n * 128 * 16, kv_chunk_src<uint8_t>(chunk_base, rows[n]), rows[n] >= 0 ? 16 : 0);
+        }
       }
       cp_async_commit();
     };
-    issue(0);  // items >= 2 (nt >= 1)
-    issue(1);
+#pragma unroll
+    for (int i = 0; i < kStages; ++i) issue(i);
     for (uint32_t i = 0; i < items; ++i) {
       const uint32_t st = i % L::kSlots;
-      if (i + 1 < items) {
-        cp_async_wait<1>();  // item i landed; item i + 1 may still be in flight
-      } else {
-        cp_async_wait<0>();
-      }
+      cp_async_wait<kStages - 1>();  // item i landed; the next kStages - 1 may still be in flight
       if (i >= L::kSlots) wgmma::mbar_wait(empty_bar + 8 * st, ((i / L::kSlots) - 1) & 1u);
-      const unsigned char* src = stage + (i & 1) * L::kStageItem;
+      const unsigned char* src = stage + (i % kStages) * L::kStageItem;
       unsigned char* dst = b.smem + L::kOffSlot + st * kKvTile;
 #pragma unroll
       for (int n = 0; n < kN / 16; ++n) {
@@ -798,10 +809,10 @@ __device__ __forceinline__ void copy_kv_items_f8(const PagedAttentionArgs& a, co
       }
       // The stores before the computing warpgroups' wgmma reads (they also
       // fence after their wait), and before this thread's next copies
-      // overwrite the staging half it has just read.
+      // overwrite the staging part it has just read.
       wgmma::fence_proxy_async_shared();
       wgmma::mbar_arrive(full_bar + 8 * st);
-      if (i + 2 < items) issue(i + 2);
+      issue(i + kStages);
     }
   };
   if (kv.bs_pow2) {
@@ -912,8 +923,14 @@ __global__ void __launch_bounds__(kWsThreads, 1) prefill_wgmma_ws_kernel(PagedAt
       // Both arms wait (WgRows::wait_rescale); V_{t-1} is handed back
       // where the copying warpgroup still needs its slot
       // (item 2 t - 1 + kWsSlots < 2 nt).
-      static_assert(kWsSlots == 5 || kWsSlots == 6, "for 5 and 6 slots, 2 t - 1 + kWsSlots < 2 nt is t + 2 < nt");
-      if (!kFirst && t + 2 < nt) {
+      bool keep;
+      if constexpr (kKvF8) {
+        keep = 2 * t - 1 + kWsSlots < 2 * nt;
+      } else {
+        static_assert(kWsSlots == 6, "for 6 slots, 2 t - 1 + kWsSlots < 2 nt is t + 2 < nt");
+        keep = t + 2 < nt;
+      }
+      if (!kFirst && keep) {
         w.wait_rescale();
         release(2 * t - 1);
       } else {
