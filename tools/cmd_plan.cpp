@@ -141,7 +141,8 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option("--head-dtype", o.head_dtype,
                   "Embedding / lm_head format (default: bf16 for fp8/int8/int4, q8_0 for GGUF types)");
   cmd->add_option("--weight-bits", o.weight_bits, "Bits per weight of the layer matrices, overriding --dtype's");
-  cmd->add_option("--kv-dtype", o.kv_dtype, "KV cache: bf16, fp16, fp8, int8, fp32 (default bf16)");
+  cmd->add_option("--kv-dtype,--kv-cache-dtype", o.kv_dtype,
+                  "KV cache: bf16, fp16, fp8 (fp8_e4m3), int8, fp32 (default bf16); --kv-cache-dtype as serve's");
   cmd->add_option("--context", o.context,
                   "Context length per sequence for decode and batch sizing (default min(4096, model max))");
   cmd->add_option("--prompt-len", o.prompt_len, "Prompt tokens for TTFT (default min(1024, model max))");

@@ -124,10 +124,28 @@ std::string read_positive_scales(const Tensor& s, std::vector<float>& out) {
   return {};
 }
 
-// A checkpoint's scale of F8_E4M3 KV pages (self_attn.k_scale / v_scale,
-// one element of a float dtype): left as it is where the file has none.
-Status read_kv_scale(const LoadedWeights& w, const std::string& name, const std::string& path, float& scale) {
-  auto it = w.tensors.find(name);
+// A checkpoint's scale of F8_E4M3 KV pages for one layer: K (kind 'k') or
+// V ('v'), one element of a float dtype, under the first of these names
+// that the file holds (p = "model.layers.N.self_attn."):
+//   p k_scale             compressed-tensors (llm-compressor), the current layout;
+//   p k_proj.k_scale      NVIDIA ModelOpt (p v_proj.v_scale for V);
+//   p k_proj.output_scale AMD Quark;
+//   p kv_scale            early AutoFP8 checkpoints: one scale for K and V.
+// Left as it is where the file has none of them.
+Status read_kv_scale(const LoadedWeights& w, const std::string& p, char kind, const std::string& path,
+                     float& scale) {
+  const std::string k(1, kind);
+  const std::string names[] = {p + k + "_scale", p + k + "_proj." + k + "_scale", p + k + "_proj.output_scale",
+                               p + "kv_scale"};
+  auto it = w.tensors.end();
+  std::string name;
+  for (const std::string& n : names) {
+    it = w.tensors.find(n);
+    if (it != w.tensors.end()) {
+      name = n;
+      break;
+    }
+  }
   if (it == w.tensors.end()) return {};
   const Tensor& t = it->second;
   if (t.numel() != 1 || !is_float_dtype(t.dtype())) {
@@ -729,8 +747,8 @@ Expected<std::unique_ptr<Model>> Model::load(const std::string& path, ops::Backe
     model->kv_v_scales_.assign(static_cast<size_t>(c.num_layers), 1.0f);
     for (int l = 0; l < c.num_layers && !dummy; ++l) {
       const std::string p = "model.layers." + std::to_string(l) + ".self_attn.";
-      OSP_RETURN_IF_ERROR(read_kv_scale(m.weights, p + "k_scale", path, model->kv_k_scales_[static_cast<size_t>(l)]));
-      OSP_RETURN_IF_ERROR(read_kv_scale(m.weights, p + "v_scale", path, model->kv_v_scales_[static_cast<size_t>(l)]));
+      OSP_RETURN_IF_ERROR(read_kv_scale(m.weights, p, 'k', path, model->kv_k_scales_[static_cast<size_t>(l)]));
+      OSP_RETURN_IF_ERROR(read_kv_scale(m.weights, p, 'v', path, model->kv_v_scales_[static_cast<size_t>(l)]));
     }
   }
   if (fp8) {

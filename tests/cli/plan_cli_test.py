@@ -50,6 +50,13 @@ j = json.loads(out) if rc == 0 else {}
 check(rc == 0 and len(j["plans"]) == 3 and "error" in j["plans"][1] and "error" not in j["plans"][0],
       f"compare dtype on A100: fp8 column is an error: rc={rc} {err}")
 
+# serve's spelling of the KV dtype: --kv-cache-dtype fp8 / fp8_e4m3 plans one byte a value, as --kv-dtype fp8.
+for flag, val in (("--kv-dtype", "fp8"), ("--kv-cache-dtype", "fp8"), ("--kv-cache-dtype", "fp8_e4m3")):
+    rc, out, err = run(["--model", "llama-3-8b", "--gpu", "h100-sxm", flag, val, "--json"])
+    j = json.loads(out) if rc == 0 else {}
+    check(rc == 0 and j["memory"]["kv_bytes_per_token_per_gpu"] == 32 * 2 * 8 * 128 * 1
+          and j["options"]["kv_dtype"] == "fp8", f"{flag} {val}: rc={rc} {err}")
+
 # --gpu-file adds an entry; custom GPUs need their figures.
 with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
     json.dump([{"key": "toy-gpu", "memory_gb": 48, "bandwidth_gbs": 1000, "tflops_bf16": 200}], f)

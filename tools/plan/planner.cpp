@@ -109,7 +109,7 @@ Expected<WeightFormat> weight_format(const std::string& name) {
 Expected<double> kv_dtype_bytes(const std::string& name) {
   const std::string n = lower(name);
   if (n == "bf16" || n == "fp16") return 2.0;
-  if (n == "fp8" || n == "int8") return 1.0;
+  if (n == "fp8" || n == "fp8_e4m3" || n == "int8") return 1.0;
   if (n == "fp32") return 4.0;
   return invalid_argument("unknown KV dtype '" + name + "' (known: bf16, fp16, fp8, int8, fp32)");
 }
@@ -212,6 +212,7 @@ Expected<PlanResult> make_plan(const ModelShape& model, const GpuSpec& gpu, cons
   if (gpu.approximate) p.notes.push_back(gpu.name + ": some figures are approximate (docs/plan.md)");
   if (o.kv_dtype.empty()) o.kv_dtype = gpu.bf16 ? "bf16" : "fp16";
   o.kv_dtype = lower(o.kv_dtype);
+  if (o.kv_dtype == "fp8_e4m3") o.kv_dtype = "fp8";  // serve's other spelling
   OSP_ASSIGN_OR_RETURN(p.kv_bytes, kv_dtype_bytes(o.kv_dtype));
   p.kv_dtype = o.kv_dtype;
   if (p.kv_dtype == "fp8" && gpu.tflops_fp8 <= 0) {

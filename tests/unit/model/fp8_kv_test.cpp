@@ -1,8 +1,8 @@
 // KV pages in FP8 E4M3 (--kv-cache-dtype fp8) on the CPU backend: the
 // committed fixtures' logits and greedy tokens against transformers within
 // the bounds of 3-mantissa-bit K and V, the checkpoint's per-layer
-// self_attn.k_scale / v_scale read (and refused when malformed), the option
-// names, and the page size.
+// self_attn.k_scale / v_scale (and the other tools' names for them) read
+// and refused when malformed, the option names, and the page size.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -189,6 +189,61 @@ TEST(Fp8Kv, CheckpointScalesAreReadAndUsed) {
   ASSERT_TRUE(f32.ok());
   EXPECT_EQ((*f32)->kv_k_scale(0), 1.0f);
   fs::remove_all(dir);
+}
+
+// The other tools' names for the same scales (model.cpp, read_kv_scale):
+// ModelOpt's k_proj.k_scale / v_proj.v_scale, Quark's k_proj.output_scale /
+// v_proj.output_scale, early AutoFP8's one kv_scale for both; and the
+// current name first where a file has two.
+TEST(Fp8Kv, OtherToolsScaleNamesAreRead) {
+  auto backend = ops::make_cpu_backend(1);
+  auto scalar = [](float x) { return testing::bytes_of(std::vector<float>{x}); };
+  struct Layout {
+    const char* tag;
+    const char* k;  // after "model.layers.N.self_attn."
+    const char* v;  // nullptr: k's tensor is both
+    float want_k, want_v;
+  };
+  for (const Layout& lay : {Layout{"modelopt", "k_proj.k_scale", "v_proj.v_scale", 0.5f, 2.0f},
+                            Layout{"quark", "k_proj.output_scale", "v_proj.output_scale", 0.5f, 2.0f},
+                            Layout{"autofp8", "kv_scale", nullptr, 0.5f, 0.5f}}) {
+    const fs::path dir = with_kv_scales(lay.tag, [&](std::vector<testing::StEntry>& e) {
+      for (int l = 0; l < 2; ++l) {
+        const std::string p = "model.layers." + std::to_string(l) + ".self_attn.";
+        e.push_back({p + lay.k, DType::kF32, {}, scalar(0.5f)});
+        if (lay.v != nullptr) e.push_back({p + lay.v, DType::kBF16, {1}, std::vector<uint8_t>{0x00, 0x40}});  // 2.0
+      }
+    });
+    auto m = load(dir.string(), *backend, "fp8");
+    ASSERT_TRUE(m.ok()) << lay.tag << ": " << m.status().to_string();
+    for (int l = 0; l < 2; ++l) {
+      EXPECT_EQ((*m)->kv_k_scale(l), lay.want_k) << lay.tag;
+      EXPECT_EQ((*m)->kv_v_scale(l), lay.want_v) << lay.tag;
+    }
+    fs::remove_all(dir);
+  }
+  // Both names in one file: self_attn.k_scale wins; a malformed other one is
+  // still refused where it is the one read.
+  const fs::path dir = with_kv_scales("both", [&](std::vector<testing::StEntry>& e) {
+    e.push_back({"model.layers.0.self_attn.k_scale", DType::kF32, {}, scalar(0.25f)});
+    e.push_back({"model.layers.0.self_attn.kv_scale", DType::kF32, {}, scalar(4.0f)});
+    e.push_back({"model.layers.1.self_attn.v_proj.v_scale", DType::kF32, {}, scalar(-1.0f)});
+  });
+  auto m = load(dir.string(), *backend, "fp8");
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("model.layers.1.self_attn.v_proj.v_scale"), std::string::npos)
+      << m.status().message();
+  fs::remove_all(dir);
+  const fs::path dir2 = with_kv_scales("both2", [&](std::vector<testing::StEntry>& e) {
+    e.push_back({"model.layers.0.self_attn.k_scale", DType::kF32, {}, scalar(0.25f)});
+    e.push_back({"model.layers.0.self_attn.kv_scale", DType::kF32, {}, scalar(4.0f)});
+  });
+  auto m2 = load(dir2.string(), *backend, "fp8");
+  ASSERT_TRUE(m2.ok()) << m2.status().to_string();
+  EXPECT_EQ((*m2)->kv_k_scale(0), 0.25f);
+  EXPECT_EQ((*m2)->kv_v_scale(0), 4.0f);  // V's only name here is kv_scale
+  EXPECT_EQ((*m2)->kv_k_scale(1), 1.0f);
+  fs::remove_all(dir2);
 }
 
 TEST(Fp8Kv, MalformedCheckpointScalesAreRefused) {
