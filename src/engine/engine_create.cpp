@@ -104,6 +104,14 @@ Expected<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
   parts.model_max_len = model->config().max_position_embeddings;
   parts.kv_bytes_per_token = model->kv_bytes_per_token();
   const DType kv_dtype = model->kv_dtype();
+  if (model->kv_scale_layers() == 0) {
+    spdlog::warn(
+        "FP8 KV pages with scale 1 in every layer: the checkpoint holds no KV scales (self_attn.k_scale / v_scale or "
+        "another tool's names, docs/cuda.md); values past 448 saturate and values under 2^-6 lose precision");
+  } else if (model->kv_scale_layers() > 0) {
+    spdlog::info("FP8 KV pages: the checkpoint's KV scales ({} ...) in {} of {} layers, 1 in the others",
+                 model->kv_scale_name(), model->kv_scale_layers(), model->config().num_layers);
+  }
   parts.model_path = path;
   parts.codec = std::move(model_text.codec);
   if (model_text.tokenizer) parts.text = TextProcessor::wrap(model_text.tokenizer);  // null: token ids only

@@ -131,9 +131,11 @@ std::string read_positive_scales(const Tensor& s, std::vector<float>& out) {
 //   p k_proj.k_scale      NVIDIA ModelOpt (p v_proj.v_scale for V);
 //   p k_proj.output_scale AMD Quark;
 //   p kv_scale            early AutoFP8 checkpoints: one scale for K and V.
-// Left as it is where the file has none of them.
+// Left as it is where the file has none of them; `found` gets the name
+// read ("" for none).
 Status read_kv_scale(const LoadedWeights& w, const std::string& p, char kind, const std::string& path,
-                     float& scale) {
+                     float& scale, std::string& found) {
+  found.clear();
   const std::string k(1, kind);
   const std::string names[] = {p + k + "_scale", p + k + "_proj." + k + "_scale", p + k + "_proj.output_scale",
                                p + "kv_scale"};
@@ -157,6 +159,7 @@ Status read_kv_scale(const LoadedWeights& w, const std::string& p, char kind, co
   const std::string why = read_positive_scales(t, v);
   if (!why.empty()) return corrupt(path + ": tensor '" + name + "' (a KV scale) " + why);
   scale = v[0];
+  found = name;
   return {};
 }
 
@@ -745,10 +748,15 @@ Expected<std::unique_ptr<Model>> Model::load(const std::string& path, ops::Backe
   if (kv_dtype == DType::kF8E4M3) {
     model->kv_k_scales_.assign(static_cast<size_t>(c.num_layers), 1.0f);
     model->kv_v_scales_.assign(static_cast<size_t>(c.num_layers), 1.0f);
+    if (!dummy) model->kv_scale_layers_ = 0;
     for (int l = 0; l < c.num_layers && !dummy; ++l) {
       const std::string p = "model.layers." + std::to_string(l) + ".self_attn.";
-      OSP_RETURN_IF_ERROR(read_kv_scale(m.weights, p, 'k', path, model->kv_k_scales_[static_cast<size_t>(l)]));
-      OSP_RETURN_IF_ERROR(read_kv_scale(m.weights, p, 'v', path, model->kv_v_scales_[static_cast<size_t>(l)]));
+      std::string fk, fv;
+      OSP_RETURN_IF_ERROR(read_kv_scale(m.weights, p, 'k', path, model->kv_k_scales_[static_cast<size_t>(l)], fk));
+      OSP_RETURN_IF_ERROR(read_kv_scale(m.weights, p, 'v', path, model->kv_v_scales_[static_cast<size_t>(l)], fv));
+      if (fk.empty() && fv.empty()) continue;
+      ++model->kv_scale_layers_;
+      if (model->kv_scale_name_.empty()) model->kv_scale_name_ = (fk.empty() ? fv : fk).substr(p.size());
     }
   }
   if (fp8) {

@@ -78,6 +78,11 @@ class Model {
   // other KV dtypes).
   float kv_k_scale(int l) const { return kv_k_scales_.empty() ? 1.0f : kv_k_scales_[static_cast<size_t>(l)]; }
   float kv_v_scale(int l) const { return kv_v_scales_.empty() ? 1.0f : kv_v_scales_[static_cast<size_t>(l)]; }
+  // F8_E4M3 pages read from a checkpoint: the layers whose K or V scale it
+  // holds, and the first such tensor's name after "self_attn." ("" if
+  // none); -1 where no file was read (other KV dtypes, dummy weights).
+  int kv_scale_layers() const { return kv_scale_layers_; }
+  const std::string& kv_scale_name() const { return kv_scale_name_; }
   // The options the model was loaded with (tokenizer, load format).
   const ModelLoadOptions& load_options() const { return options_; }
   // True when the weights are random (load_format "dummy").
@@ -113,6 +118,8 @@ class Model {
   DType act_dtype_ = DType::kF32;
   DType kv_dtype_ = DType::kF32;
   std::vector<float> kv_k_scales_, kv_v_scales_;  // per layer, F8_E4M3 pages only
+  int kv_scale_layers_ = -1;
+  std::string kv_scale_name_;
 };
 
 }  // namespace osprey

@@ -165,6 +165,8 @@ TEST(Fp8Kv, CheckpointScalesAreReadAndUsed) {
   EXPECT_EQ((*m)->kv_k_scale(0), 0.125f);
   EXPECT_EQ((*m)->kv_k_scale(1), 0.25f);
   EXPECT_EQ((*m)->kv_v_scale(0), 3.0f);
+  EXPECT_EQ((*m)->kv_scale_layers(), 2);  // what the start-up log reports
+  EXPECT_EQ((*m)->kv_scale_name(), "k_scale");
   KvCache kv = (*m)->allocate_kv(2, 16);
   EXPECT_EQ(kv.layers[1].k_scale, 0.25f);
   EXPECT_EQ(kv.layers[0].v_scale, 3.0f);
@@ -174,6 +176,8 @@ TEST(Fp8Kv, CheckpointScalesAreReadAndUsed) {
   // the model without them.
   auto plain = load(fixture_dir("llama"), *backend, "fp8");
   ASSERT_TRUE(plain.ok());
+  EXPECT_EQ((*plain)->kv_scale_layers(), 0);  // the start-up log's warning
+  EXPECT_EQ((*plain)->kv_scale_name(), "");
   const std::vector<int32_t> ids = {1, 5, 9, 14, 3, 7, 21, 2, 8, 30, 4};
   testing::SequenceRunner a(**m, 16), b(**plain, 16);
   const auto la = a.feed(ids, false), lb = b.feed(ids, false);
@@ -188,6 +192,7 @@ TEST(Fp8Kv, CheckpointScalesAreReadAndUsed) {
   auto f32 = load(dir.string(), *backend, "auto");
   ASSERT_TRUE(f32.ok());
   EXPECT_EQ((*f32)->kv_k_scale(0), 1.0f);
+  EXPECT_EQ((*f32)->kv_scale_layers(), -1);
   fs::remove_all(dir);
 }
 
@@ -220,6 +225,8 @@ TEST(Fp8Kv, OtherToolsScaleNamesAreRead) {
       EXPECT_EQ((*m)->kv_k_scale(l), lay.want_k) << lay.tag;
       EXPECT_EQ((*m)->kv_v_scale(l), lay.want_v) << lay.tag;
     }
+    EXPECT_EQ((*m)->kv_scale_layers(), 2) << lay.tag;
+    EXPECT_EQ((*m)->kv_scale_name(), lay.k) << lay.tag;
     fs::remove_all(dir);
   }
   // Both names in one file: self_attn.k_scale wins; a malformed other one is
@@ -243,6 +250,7 @@ TEST(Fp8Kv, OtherToolsScaleNamesAreRead) {
   EXPECT_EQ((*m2)->kv_k_scale(0), 0.25f);
   EXPECT_EQ((*m2)->kv_v_scale(0), 4.0f);  // V's only name here is kv_scale
   EXPECT_EQ((*m2)->kv_k_scale(1), 1.0f);
+  EXPECT_EQ((*m2)->kv_scale_layers(), 1);
   fs::remove_all(dir2);
 }
 
