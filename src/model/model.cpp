@@ -137,29 +137,23 @@ Status read_kv_scale(const LoadedWeights& w, const std::string& p, char kind, co
                      float& scale, std::string& found) {
   found.clear();
   const std::string k(1, kind);
-  const std::string names[] = {p + k + "_scale", p + k + "_proj." + k + "_scale", p + k + "_proj.output_scale",
-                               p + "kv_scale"};
-  auto it = w.tensors.end();
-  std::string name;
-  for (const std::string& n : names) {
-    it = w.tensors.find(n);
-    if (it != w.tensors.end()) {
-      name = n;
-      break;
+  for (const std::string& name : {p + k + "_scale", p + k + "_proj." + k + "_scale", p + k + "_proj.output_scale",
+                                  p + "kv_scale"}) {
+    auto it = w.tensors.find(name);
+    if (it == w.tensors.end()) continue;
+    const Tensor& t = it->second;
+    if (t.numel() != 1 || !is_float_dtype(t.dtype())) {
+      return corrupt(path + ": tensor '" + name +
+                     "' must be one float32, float16 or bfloat16 value (a per-tensor KV scale), got " +
+                     std::to_string(t.numel()) + " of " + std::string(dtype_name(t.dtype())));
     }
+    std::vector<float> v;
+    const std::string why = read_positive_scales(t, v);
+    if (!why.empty()) return corrupt(path + ": tensor '" + name + "' (a KV scale) " + why);
+    scale = v[0];
+    found = name;
+    return {};
   }
-  if (it == w.tensors.end()) return {};
-  const Tensor& t = it->second;
-  if (t.numel() != 1 || !is_float_dtype(t.dtype())) {
-    return corrupt(path + ": tensor '" + name +
-                   "' must be one float32, float16 or bfloat16 value (a per-tensor KV scale), got " +
-                   std::to_string(t.numel()) + " of " + std::string(dtype_name(t.dtype())));
-  }
-  std::vector<float> v;
-  const std::string why = read_positive_scales(t, v);
-  if (!why.empty()) return corrupt(path + ": tensor '" + name + "' (a KV scale) " + why);
-  scale = v[0];
-  found = name;
   return {};
 }
 

@@ -55,10 +55,9 @@ enum class F8Pages { kNone, kRandom, kSubnormal };
 
 // A prefill step over pages of dt (BF16 or F16; q and out too), or of
 // F8_E4M3 codes (f8, F8Pages; q and out of dt): random q/k/v (values exact
-// in dt, or e4m3 codes times the scale), each
-// sequence's pages a range of its own in shuffled order, positions past +
-// i, slots -1 (this step's K/V already in the pages). Owns its device
-// copies.
+// in dt, or e4m3 codes times the scale), each sequence's pages a range of
+// its own in shuffled order, positions past + i, slots -1 (this step's K/V
+// already in the pages). Owns its device copies.
 class Problem {
  public:
   Problem(ops::Backend& gpu, Heads h, const std::vector<Seq>& seqs, int bs, uint32_t seed, float scale = 0.0f,
@@ -68,16 +67,19 @@ class Problem {
         scale_(scale != 0.0f ? scale : 1.0f / std::sqrt(static_cast<float>(h.hd))),
         dt_(dt),
         kv_dt_(f8 != F8Pages::kNone ? DType::kF8E4M3 : dt),
-        k_scale_(f8 == F8Pages::kSubnormal ? 64.0f : 0.01f),
-        v_scale_(f8 == F8Pages::kSubnormal ? 64.0f : 0.5f) {
-    const bool f8_pages = f8 != F8Pages::kNone;
+        k_scale_(f8 == F8Pages::kNone        ? 1.0f
+                 : f8 == F8Pages::kSubnormal ? 64.0f
+                                             : 0.01f),
+        v_scale_(f8 == F8Pages::kNone        ? 1.0f
+                 : f8 == F8Pages::kSubnormal ? 64.0f
+                                             : 0.5f) {
     std::mt19937 rng(seed);
     for (const auto& s : seqs) hb_.add_seq_own_pages(s.q_len, s.past + s.q_len, bs, false, &rng);
     pages_ = static_cast<int>(hb_.block_indices.size());
     n_ = hb_.num_tokens();
     const size_t page_elems = static_cast<size_t>(bs) * h.hk * h.hd;
     const size_t kv_elems = static_cast<size_t>(pages_) * page_elems;
-    if (f8_pages) {
+    if (f8 != F8Pages::kNone) {
       // Codes of random values in [-2, 2]; k_ / v_ hold what they stand for.
       auto codes = [&](uint32_t s, float kv_scale, std::vector<float>& values) {
         const auto f = random_floats(kv_elems, s, -2, 2);
@@ -114,10 +116,8 @@ class Problem {
     a.k_cache = gk_->get();
     a.v_cache = gv_->get();
     a.kv_dtype = kv_dt_;
-    if (kv_dt_ == DType::kF8E4M3) {
-      a.k_scale = k_scale_;
-      a.v_scale = v_scale_;
-    }
+    a.k_scale = k_scale_;
+    a.v_scale = v_scale_;
     a.num_blocks = pages_;
     a.block_size = bs_;
     a.hq = h_.hq;
@@ -149,10 +149,8 @@ class Problem {
       b.num_leading_decodes = leading_decodes_;
       ops::LayerKv kv{Tensor(gk_->get(), kv_dt_, {pages_, bs_, h_.hk, h_.hd}, Device::kCuda),
                       Tensor(gv_->get(), kv_dt_, {pages_, bs_, h_.hk, h_.hd}, Device::kCuda)};
-      if (kv_dt_ == DType::kF8E4M3) {
-        kv.k_scale = k_scale_;
-        kv.v_scale = v_scale_;
-      }
+      kv.k_scale = k_scale_;
+      kv.v_scale = v_scale_;
       Tensor q(gq_->get(), dt_, {n_, h_.hq, h_.hd}, Device::kCuda);
       Tensor out(go_->get(), dt_, {n_, h_.hq, h_.hd}, Device::kCuda);
       if (!graph_) {
@@ -270,7 +268,7 @@ class Problem {
   float scale_;
   DType dt_;
   DType kv_dt_;              // dt_, or F8_E4M3
-  float k_scale_, v_scale_;  // F8_E4M3 pages
+  float k_scale_, v_scale_;  // F8_E4M3 pages (1 for the 16-bit ones)
   HostAttentionBatch hb_;    // slots -1
   int pages_ = 0, n_ = 0;    // pages in the pool (all of hb_'s), tokens
   int leading_decodes_ = 0;

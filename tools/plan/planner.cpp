@@ -109,7 +109,7 @@ Expected<WeightFormat> weight_format(const std::string& name) {
 Expected<double> kv_dtype_bytes(const std::string& name) {
   const std::string n = lower(name);
   if (n == "bf16" || n == "fp16") return 2.0;
-  if (n == "fp8" || n == "fp8_e4m3" || n == "int8") return 1.0;
+  if (n == "fp8" || n == "int8") return 1.0;
   if (n == "fp32") return 4.0;
   return invalid_argument("unknown KV dtype '" + name + "' (known: bf16, fp16, fp8, int8, fp32)");
 }

@@ -656,12 +656,13 @@ static_assert(kWsCopyRegs * 128 + kWsComputeRegs * 256 <= kWsThreads * 168, "reg
 // slots gave nothing over two with five.)
 template <bool kKvF8>
 struct WsLayout {
-  static constexpr int kStages = 2;                     // F8: items in the staging area
-  static constexpr int kSlots = kKvF8 ? 5 : 6;          // K or V tiles in the ring
-  static constexpr uint32_t kStageItem = kN * kHd;      // F8: one item's bytes
-  static constexpr uint32_t kOffSlot = kOffQ + 2 * kQPanel;  // slot s: one K or V tile
+  static constexpr int kStages = 2;                                   // F8: items in the staging area
+  static constexpr int kSlots = kKvF8 ? 5 : 6;                        // K or V tiles in the ring
+  static constexpr uint32_t kStageItem = kN * kHd;                    // F8: one item's bytes
+  static constexpr uint32_t kOffSlot = kOffQ + 2 * kQPanel;           // slot s: one K or V tile
   static constexpr uint32_t kOffStage = kOffSlot + kSlots * kKvTile;  // F8: [kStages][kStageItem]
-  static constexpr uint32_t kOffBar = kOffStage + (kKvF8 ? kStages * kStageItem : 0);  // uint64_t full[kSlots], empty[kSlots]
+  // uint64_t full[kSlots], empty[kSlots]
+  static constexpr uint32_t kOffBar = kOffStage + (kKvF8 ? kStages * kStageItem : 0);
   static constexpr uint32_t kOffHi = kOffBar + 2 * kSlots * 8;  // int [12]: per-warp largest key bound
   static constexpr uint32_t kSmemBytes = kOffHi + (kWsThreads / 32) * 4 + 1024;
   static_assert(kOffSlot % 1024 == 0 && kKvTile % 1024 == 0, "swizzle atoms on 1024-byte boundaries");
@@ -923,14 +924,8 @@ __global__ void __launch_bounds__(kWsThreads, 1) prefill_wgmma_ws_kernel(PagedAt
       // Both arms wait (WgRows::wait_rescale); V_{t-1} is handed back
       // where the copying warpgroup still needs its slot
       // (item 2 t - 1 + kWsSlots < 2 nt).
-      bool keep;
-      if constexpr (kKvF8) {
-        keep = 2 * t - 1 + kWsSlots < 2 * nt;
-      } else {
-        static_assert(kWsSlots == 6, "for 6 slots, 2 t - 1 + kWsSlots < 2 nt is t + 2 < nt");
-        keep = t + 2 < nt;
-      }
-      if (!kFirst && keep) {
+      static_assert(kWsSlots == 5 || kWsSlots == 6, "for 5 and 6 slots, 2 t - 1 + kWsSlots < 2 nt is t + 2 < nt");
+      if (!kFirst && t + 2 < nt) {
         w.wait_rescale();
         release(2 * t - 1);
       } else {
