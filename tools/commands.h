@@ -15,6 +15,7 @@ void add_generate_command(CLI::App& app, EngineConfigSink dry_run = nullptr);
 void add_bench_command(CLI::App& app, EngineConfigSink dry_run = nullptr);  // `bench offline`
 void add_serve_command(CLI::App& app, EngineConfigSink dry_run = nullptr);
 void add_plan_command(CLI::App& app);  // tools/plan/, docs/plan.md
+void add_perplexity_command(CLI::App& app, EngineConfigSink dry_run = nullptr);  // tools/perplexity.h
 
 // Set by a command's callback; main returns it.
 int& exit_code();

@@ -38,7 +38,7 @@ const std::vector<std::vector<std::string>> kSharedArgs = {
     {"--quantize-activations"},
 };
 
-enum class Cmd { kGenerate, kServe, kBench };
+enum class Cmd { kGenerate, kServe, kBench, kPerplexity };
 
 std::vector<std::string> command_words(Cmd c) {
   switch (c) {
@@ -48,6 +48,8 @@ std::vector<std::string> command_words(Cmd c) {
       return {"serve"};
     case Cmd::kBench:
       return {"bench", "offline"};
+    case Cmd::kPerplexity:
+      return {"perplexity", "--file", "text.txt"};
   }
   return {};
 }
@@ -62,6 +64,9 @@ void register_command(CLI::App& app, Cmd c, EngineConfigSink sink) {
       break;
     case Cmd::kBench:
       add_bench_command(app, std::move(sink));
+      break;
+    case Cmd::kPerplexity:
+      add_perplexity_command(app, std::move(sink));
       break;
   }
 }
@@ -100,9 +105,19 @@ std::vector<std::string> all_shared_args() {
   return v;
 }
 
-constexpr Cmd kCmds[] = {Cmd::kGenerate, Cmd::kServe, Cmd::kBench};
+constexpr Cmd kCmds[] = {Cmd::kGenerate, Cmd::kServe, Cmd::kBench, Cmd::kPerplexity};
 const char* name(Cmd c) {
-  return c == Cmd::kGenerate ? "generate" : c == Cmd::kServe ? "serve" : "bench offline";
+  switch (c) {
+    case Cmd::kGenerate:
+      return "generate";
+    case Cmd::kServe:
+      return "serve";
+    case Cmd::kBench:
+      return "bench offline";
+    case Cmd::kPerplexity:
+      return "perplexity";
+  }
+  return "";
 }
 
 TEST(EngineOptions, EveryCommandMapsEverySharedFlag) {
@@ -140,6 +155,8 @@ TEST(EngineOptions, EachFlagAloneReachesTheConfig) {
     ASSERT_TRUE(base.has_value()) << name(c);
     for (const auto& a : kSharedArgs) {
       if (a[0] == "--model" || a[0] == "--load-format") continue;  // the base's own / the default value
+      // perplexity always runs without the prefix cache (its own test below).
+      if (c == Cmd::kPerplexity && a[0] == "--no-prefix-caching") continue;
       std::vector<std::string> args = {"--model", "m.gguf"};
       args.insert(args.end(), a.begin(), a.end());
       auto cfg = parse(c, args);
@@ -182,7 +199,7 @@ TEST(EngineOptions, DefaultsAreTheEnginesAndEachCommandsOwn) {
     EXPECT_EQ(cfg->swap_space_bytes, 0) << name(c);
     EXPECT_FALSE(cfg->enforce_eager) << name(c);
     EXPECT_TRUE(cfg->async_scheduling) << name(c);
-    EXPECT_TRUE(cfg->enable_prefix_caching) << name(c);
+    EXPECT_EQ(cfg->enable_prefix_caching, c != Cmd::kPerplexity) << name(c);
     EXPECT_TRUE(cfg->enable_chunked_prefill) << name(c);
     EXPECT_FALSE(cfg->quantize_activations) << name(c);
     EXPECT_EQ(cfg->seed, 0u) << name(c);
@@ -200,6 +217,21 @@ TEST(EngineOptions, SeedStaysWithItsCommand) {
   EXPECT_EQ(parse(Cmd::kServe, {"--model", "m.gguf", "--seed", "99"}).value().seed, 99u);
   EXPECT_EQ(parse(Cmd::kGenerate, {"--model", "m.gguf", "--seed", "99"}).value().seed, 0u);
   EXPECT_EQ(parse(Cmd::kBench, {"--model", "m.gguf", "--seed", "99"}).value().seed, 0u);
+}
+
+TEST(EngineOptions, PerplexityComputesEveryPositionWithWideLogprobSteps) {
+  // Scored positions must not come from the prefix cache; prompt-logprob
+  // rows per step follow the token budget up to 1024.
+  auto cfg = parse(Cmd::kPerplexity, {"--model", "m.gguf"});
+  ASSERT_TRUE(cfg.has_value());
+  EXPECT_FALSE(cfg->enable_prefix_caching);
+  EXPECT_EQ(cfg->max_prompt_logprob_rows, 1024);
+  cfg = parse(Cmd::kPerplexity, {"--model", "m.gguf", "--max-num-batched-tokens", "300"});
+  ASSERT_TRUE(cfg.has_value());
+  EXPECT_EQ(cfg->max_prompt_logprob_rows, 300);
+  std::string error;
+  EXPECT_FALSE(parse(Cmd::kPerplexity, {"--ctx", "1"}, &error).has_value());
+  EXPECT_FALSE(error.empty());
 }
 
 TEST(EngineOptions, DummyModelIsNotResolved) {
