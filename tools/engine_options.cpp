@@ -16,6 +16,9 @@ void add_engine_options(CLI::App* cmd, EngineOptions* o) {
   cmd->add_option("--kv-cache-dtype", o->kv_cache_dtype,
                   "KV page dtype: auto (the compute dtype), float32, bfloat16, float16, or fp8 (E4M3, one byte a "
                   "value: twice the pages of bf16; scales from the checkpoint's k_scale / v_scale, else 1)");
+  cmd->add_flag("--calculate-kv-scales", o->calculate_kv_scales,
+                "With --kv-cache-dtype fp8: calibrate each layer's K and V scale at start-up on a built-in text "
+                "(instead of the checkpoint's scales or 1)");
   cmd->add_option("--quantization", o->quantization,
                   "Weight quantisation at load: none, or fp8 (CUDA 8.9+: the layers' projections in FP8 E4M3 with "
                   "FP8 GEMMs; not bit-exact)");
@@ -64,6 +67,7 @@ EngineConfig to_engine_config(const EngineOptions& o) {
   c.device = o.device;
   c.dtype = o.dtype;
   c.kv_cache_dtype = o.kv_cache_dtype;
+  c.calculate_kv_scales = o.calculate_kv_scales;
   c.quantization = o.quantization;
   c.load_format = o.load_format;
   c.num_threads = o.threads;

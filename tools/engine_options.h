@@ -26,6 +26,7 @@ struct EngineOptions {
   std::string device = kEngineConfigDefaults.device;
   std::string dtype = kEngineConfigDefaults.dtype;
   std::string kv_cache_dtype = kEngineConfigDefaults.kv_cache_dtype;
+  bool calculate_kv_scales = kEngineConfigDefaults.calculate_kv_scales;
   std::string quantization = kEngineConfigDefaults.quantization;
   std::string load_format = kEngineConfigDefaults.load_format;
   int threads = kEngineConfigDefaults.num_threads;  // <= 0: all cores

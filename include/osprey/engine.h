@@ -44,6 +44,11 @@ struct EngineConfig {
   // tokens in the same memory) under a K and a V scale per layer, the
   // checkpoint's self_attn.k_scale / v_scale where it has them, else 1.
   std::string kv_cache_dtype = "auto";
+  // FP8 KV pages: set each layer's K and V scale at start-up from a built-in
+  // calibration text run through the model (|K|, |V| max of each layer mapped
+  // to 224 of E4M3's 448; src/engine/kv_calibration.h), instead of the
+  // checkpoint's scales or 1. Needs kv_cache_dtype fp8.
+  bool calculate_kv_scales = false;
   // Weight quantisation at load: "none" (or "") or "fp8": the decoder
   // layers' projections (q/k/v, o, gate/up, down) become FP8 E4M3 with one
   // scale a matrix, each projection's input is quantised to E4M3 per call

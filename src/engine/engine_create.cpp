@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "engine/engine_impl.h"
+#include "engine/kv_calibration.h"
 #include "engine/model_executor.h"
 #include "engine/tokenizer_loader.h"
 #include "model/model.h"
@@ -104,10 +105,22 @@ Expected<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
   parts.model_max_len = model->config().max_position_embeddings;
   parts.kv_bytes_per_token = model->kv_bytes_per_token();
   const DType kv_dtype = model->kv_dtype();
-  if (model->kv_scale_layers() == 0) {
+  ExecutorOptions exec_options;
+  if (config.calculate_kv_scales) {
+    if (kv_dtype != DType::kF8E4M3) {
+      return invalid_argument("--calculate-kv-scales needs FP8 KV pages (--kv-cache-dtype fp8), not " +
+                              std::string(dtype_name(kv_dtype)));
+    }
+    exec_options.kv_calibration_tokens =
+        kv_calibration_tokens(model_text.tokenizer.get(), model->config().vocab_size, config.max_num_batched_tokens);
+    if (model->kv_scale_layers() > 0) {
+      spdlog::info("FP8 KV pages: calibrated scales replace the checkpoint's ({} ...)", model->kv_scale_name());
+    }
+  } else if (model->kv_scale_layers() == 0) {
     spdlog::warn(
         "FP8 KV pages with scale 1 in every layer: the checkpoint holds no KV scales (self_attn.k_scale / v_scale or "
-        "another tool's names, docs/cuda.md); values past 448 saturate and values under 2^-6 lose precision");
+        "another tool's names, docs/cuda.md); values past 448 saturate and values under 2^-6 lose precision "
+        "(--calculate-kv-scales calibrates them at start-up)");
   } else if (model->kv_scale_layers() > 0) {
     spdlog::info("FP8 KV pages: the checkpoint's KV scales ({} ...) in {} of {} layers, 1 in the others",
                  model->kv_scale_name(), model->kv_scale_layers(), model->config().num_layers);
@@ -115,7 +128,6 @@ Expected<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
   parts.model_path = path;
   parts.codec = std::move(model_text.codec);
   if (model_text.tokenizer) parts.text = TextProcessor::wrap(model_text.tokenizer);  // null: token ids only
-  ExecutorOptions exec_options;
   exec_options.enable_graphs = !config.enforce_eager && !config.profile;  // no timer marks inside a graph
   auto executor = std::make_unique<ModelExecutor>(std::move(backend), std::move(model), exec_options);
   EngineConfig sized = config;

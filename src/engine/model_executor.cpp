@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -9,6 +10,7 @@
 #include <spdlog/spdlog.h>
 
 #include "core/check.h"
+#include "engine/kv_calibration.h"
 #include "ops/decode_order.h"
 
 namespace osprey {
@@ -328,8 +330,9 @@ Status ModelExecutor::initialize(int num_blocks, int block_size, int max_tokens,
   // A step without any wanted row still computes one (the model needs >= 1).
   max_logit_rows_ = std::min(max_logit_rows, max_tokens);
   model_->reserve(max_tokens, max_logit_rows_);
-  if (on_host_) return Status::Ok();
+  if (on_host_) return calibrate_kv_scales(max_tokens);
   OSP_RETURN_IF_ERROR(allocate_step_buffers(max_tokens, max_logit_rows_, block_size));
+  OSP_RETURN_IF_ERROR(calibrate_kv_scales(max_tokens));
   // Scratch reaches its largest size before any graph is captured.
   warm_up(kv_, block_size, layout_.max_tokens);
   max_bucket_ = std::min({max_num_seqs_, max_tokens, max_logit_rows_, layout_.max_seqs});
@@ -345,6 +348,95 @@ Status ModelExecutor::initialize(int num_blocks, int block_size, int max_tokens,
       spdlog::info("decode graphs: {} buckets up to {} sequences captured in {:.0f} ms", graphs_.size(), max_bucket_,
                    capture_ms_);
   }
+  return Status::Ok();
+}
+
+Status ModelExecutor::calibrate_kv_scales(int max_tokens) {
+  const std::vector<int32_t>& all = options_.kv_calibration_tokens;
+  if (all.empty() || model_->kv_dtype() != DType::kF8E4M3) return Status::Ok();
+  const auto t0 = std::chrono::steady_clock::now();
+  const ModelConfig& c = model_->config();
+  const int n = static_cast<int>(std::min<size_t>(all.size(), static_cast<size_t>(max_tokens)));
+  for (int i = 0; i < n; ++i) {
+    if (all[i] < 0 || all[i] >= c.vocab_size) return internal_error("KV calibration token out of the vocabulary");
+  }
+  const int bs = block_size_;
+  const int pages = (n + bs - 1) / bs;
+  // One prompt of n tokens in pages 0.. of a cache in the activation dtype,
+  // written in slot order, so that its first n page rows are the prompt's.
+  StepBatch b;
+  b.num_seqs = 1;
+  b.num_tokens = n;
+  b.max_kv_len = b.max_q_len = n;
+  b.token_ids.assign(all.begin(), all.begin() + n);
+  for (int t = 0; t < n; ++t) {
+    b.positions.push_back(t);
+    b.slot_mapping.push_back(t);
+  }
+  b.q_indptr = {0, n};
+  b.kv_lens = {n};
+  b.block_indptr = {0, pages};
+  for (int p = 0; p < pages; ++p) b.block_indices.push_back(p);
+  KvCache tmp = model_->allocate_kv_as(pages, bs, model_->activation_dtype());
+  ForwardBatch fb;
+  if (on_host_) {
+    fb.token_ids = b.token_ids.data();
+    fb.attn.num_seqs = 1;
+    fb.attn.num_tokens = n;
+    fb.attn.max_kv_len = fb.attn.max_q_len = n;
+    fb.attn.q_indptr = b.q_indptr.data();
+    fb.attn.kv_lens = b.kv_lens.data();
+    fb.attn.block_indptr = b.block_indptr.data();
+    fb.attn.block_indices = b.block_indices.data();
+    fb.attn.positions = b.positions.data();
+    fb.attn.slot_mapping = b.slot_mapping.data();
+  } else {
+    fb = stage(b, 0);
+  }
+  fb.num_logit_rows = 0;  // the KV writes are what is wanted
+  model_->forward(fb, tmp);
+  // Each layer's K and V rows of the prompt, to the host, widened to fp32.
+  const DType dt = model_->activation_dtype();
+  const size_t values = static_cast<size_t>(n) * static_cast<size_t>(c.num_kv_heads) * static_cast<size_t>(c.head_dim);
+  const size_t bytes = static_cast<size_t>(dtype_row_bytes(dt, static_cast<int64_t>(values)));
+  std::vector<unsigned char> raw(bytes);
+  std::vector<float> k_scales, v_scales;
+  float k_lo = INFINITY, k_hi = 0, v_lo = INFINITY, v_hi = 0;
+  for (const ops::LayerKv& layer : tmp.layers) {
+    for (const Tensor* t : {&layer.k, &layer.v}) {
+      backend_->copy_to_host_async(raw.data(), t->data(), bytes);
+      backend_->synchronize();
+      float amax = 0.0f;
+      for (size_t i = 0; i < values; ++i) {
+        float x;
+        if (dt == DType::kF32) {
+          std::memcpy(&x, raw.data() + 4 * i, 4);
+        } else {
+          uint16_t h;
+          std::memcpy(&h, raw.data() + 2 * i, 2);
+          x = dt == DType::kBF16 ? bf16_to_f32(h) : fp16_to_f32(h);
+        }
+        if (std::isfinite(x)) amax = std::max(amax, std::abs(x));
+      }
+      const bool is_k = t == &layer.k;
+      (is_k ? k_scales : v_scales).push_back(kv_scale_from_amax(amax));
+      float& lo = is_k ? k_lo : v_lo;
+      float& hi = is_k ? k_hi : v_hi;
+      lo = std::min(lo, amax);
+      hi = std::max(hi, amax);
+    }
+  }
+  model_->free_kv(tmp);
+  OSP_RETURN_IF_ERROR(model_->set_kv_scales(k_scales, v_scales, "calibrated"));
+  for (size_t l = 0; l < kv_.layers.size(); ++l) {
+    kv_.layers[l].k_scale = k_scales[l];
+    kv_.layers[l].v_scale = v_scales[l];
+  }
+  spdlog::info(
+      "FP8 KV scales calibrated on {} tokens in {:.0f} ms: per layer |K| max {:.3g}..{:.3g}, |V| max {:.3g}..{:.3g}, "
+      "each mapped to {:.0f} of E4M3's 448",
+      n, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count(), k_lo, k_hi, v_lo,
+      v_hi, kKvCalibrationRange);
   return Status::Ok();
 }
 

@@ -47,6 +47,11 @@ struct ExecutorOptions {
   bool enable_graphs = true;
   // Sample on the device where the backend supports it.
   bool enable_device_sampling = true;
+  // F8_E4M3 pages: when not empty, initialize() runs these tokens through the
+  // model as one prompt with pages in the activation dtype and sets each
+  // layer's K and V scale from the largest magnitude written
+  // (engine/kv_calibration.h); at most the step's token budget of them.
+  std::vector<int32_t> kv_calibration_tokens;
 };
 
 // Batch-size buckets of decode graphs: 1, 2, 4, 8, then multiples of 8, and
@@ -135,6 +140,10 @@ class ModelExecutor final : public Executor {
   // CPU backend: the host arrays themselves.
   Expected<StepOutput> execute_on_host(const StepBatch& b);
   Status allocate_step_buffers(int max_tokens, int max_logit_rows, int block_size);
+  // options_.kv_calibration_tokens through the model (see ExecutorOptions);
+  // sets the model's and kv_'s scales. After reserve (and, on a device, the
+  // step buffers), before any warm-up or graph capture.
+  Status calibrate_kv_scales(int max_tokens);
   void free_step_buffers();
   // A step queued by enqueue() and not yet completed.
   struct InFlight {

@@ -774,26 +774,49 @@ size_t Model::kv_bytes_per_token() const {
          static_cast<size_t>(dtype_row_bytes(kv_dtype_, c.head_dim));
 }
 
-KvCache Model::allocate_kv(int num_blocks, int block_size) {
+KvCache Model::allocate_kv(int num_blocks, int block_size) { return allocate_kv_as(num_blocks, block_size, kv_dtype_); }
+
+KvCache Model::allocate_kv_as(int num_blocks, int block_size, DType page_dtype) {
   OSP_CHECK(num_blocks > 0 && block_size > 0);
+  OSP_CHECK(ops::is_kv_page_dtype(page_dtype));
   const ModelConfig& c = config_;
   KvCache kv;
   kv.num_blocks = num_blocks;
   kv.block_size = block_size;
   const size_t bytes = static_cast<size_t>(num_blocks) * static_cast<size_t>(block_size) *
-                       static_cast<size_t>(c.num_kv_heads) * static_cast<size_t>(dtype_row_bytes(kv_dtype_, c.head_dim));
+                       static_cast<size_t>(c.num_kv_heads) * static_cast<size_t>(dtype_row_bytes(page_dtype, c.head_dim));
+  const bool f8 = page_dtype == DType::kF8E4M3;
   for (int l = 0; l < c.num_layers; ++l) {
     ops::LayerKv layer;
     void* k = backend_->alloc(bytes);
     void* v = backend_->alloc(bytes);
     OSP_CHECK_MSG(k && v, "out of " << backend_->name() << " memory for " << num_blocks << " KV pages");
-    layer.k = Tensor(k, kv_dtype_, {num_blocks, block_size, c.num_kv_heads, c.head_dim}, backend_->device());
-    layer.v = Tensor(v, kv_dtype_, {num_blocks, block_size, c.num_kv_heads, c.head_dim}, backend_->device());
-    layer.k_scale = kv_k_scale(l);
-    layer.v_scale = kv_v_scale(l);
+    layer.k = Tensor(k, page_dtype, {num_blocks, block_size, c.num_kv_heads, c.head_dim}, backend_->device());
+    layer.v = Tensor(v, page_dtype, {num_blocks, block_size, c.num_kv_heads, c.head_dim}, backend_->device());
+    layer.k_scale = f8 ? kv_k_scale(l) : 1.0f;
+    layer.v_scale = f8 ? kv_v_scale(l) : 1.0f;
     kv.layers.push_back(layer);
   }
   return kv;
+}
+
+Status Model::set_kv_scales(std::vector<float> k_scales, std::vector<float> v_scales, std::string name) {
+  if (kv_dtype_ != DType::kF8E4M3) return invalid_argument("KV scales apply to FP8 (F8_E4M3) KV pages only");
+  const size_t layers = static_cast<size_t>(config_.num_layers);
+  if (k_scales.size() != layers || v_scales.size() != layers) {
+    return invalid_argument("KV scales: " + std::to_string(k_scales.size()) + " K and " +
+                            std::to_string(v_scales.size()) + " V scales for " + std::to_string(layers) + " layers");
+  }
+  for (size_t l = 0; l < layers; ++l) {
+    if (!(std::isfinite(k_scales[l]) && k_scales[l] > 0.0f && std::isfinite(v_scales[l]) && v_scales[l] > 0.0f)) {
+      return invalid_argument("KV scales of layer " + std::to_string(l) + " must be positive and finite");
+    }
+  }
+  kv_k_scales_ = std::move(k_scales);
+  kv_v_scales_ = std::move(v_scales);
+  kv_scale_layers_ = config_.num_layers;
+  kv_scale_name_ = std::move(name);
+  return Status::Ok();
 }
 
 void Model::free_kv(KvCache& kv) {

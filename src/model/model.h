@@ -95,6 +95,13 @@ class Model {
   size_t kv_bytes_per_token() const;
   // Allocates a paged KV cache on the backend: num_blocks pages of block_size tokens.
   KvCache allocate_kv(int num_blocks, int block_size);
+  // The same with pages of another dtype (e.g. the activation dtype, to
+  // calibrate FP8 scales on unrounded values); scales 1 unless F8_E4M3.
+  KvCache allocate_kv_as(int num_blocks, int block_size, DType page_dtype);
+  // F8_E4M3 pages: replaces the per-layer K and V scales (one each per layer,
+  // positive and finite), e.g. calibrated ones; `name` is what
+  // kv_scale_name() then reports. Caches allocated before keep their scales.
+  Status set_kv_scales(std::vector<float> k_scales, std::vector<float> v_scales, std::string name);
   void free_kv(KvCache& kv);
 
   // Allocates step buffers for up to max_tokens tokens and max_logit_rows

@@ -65,8 +65,11 @@ with tempfile.TemporaryDirectory() as tmp:
               f"text output, self comparison: rc={rc} {out.strip()} {err.strip()[-200:]}")
 
         # FP8 pages against the float32 run: a measured, small cost; BF16 pages smaller still.
-        for kv, bound in (("fp8", 0.03), ("bfloat16", 0.01)):
-            rc, out, err = run(ppl_args("--json", "--kv-cache-dtype", kv, "--compare", f32_path))
+        for kv, bound in (("fp8", 0.03), ("fp8+calibrated", 0.03), ("bfloat16", 0.01)):
+            extra = ["--kv-cache-dtype", kv.split("+")[0]] + (["--calculate-kv-scales"] if "+" in kv else [])
+            rc, out, err = run(ppl_args("--json", "--compare", f32_path, *extra))
+            if "+" in kv:
+                check(rc != 0 or "FP8 KV scales calibrated on" in err, f"the calibration is logged: {err[-300:]}")
             check(rc == 0, f"--kv-cache-dtype {kv}: rc={rc} {err.strip()[-300:]}")
             if rc == 0:
                 c = json.loads(out)["compare"]
@@ -97,6 +100,8 @@ with tempfile.TemporaryDirectory() as tmp:
                                        "top1": [1, 2]}))
     rc, out, err = run(ppl_args("--compare", other))
     check(rc == 1 and "different numbers of tokens" in err, f"--compare of another text: rc={rc} {err[-200:]}")
+    rc, out, err = run(ppl_args("--calculate-kv-scales"))
+    check(rc == 1 and "needs FP8 KV pages" in err, f"--calculate-kv-scales without fp8 pages: rc={rc} {err[-200:]}")
     rc, out, err = run(["--model", "default"])
     check(rc != 0 and "--file" in err, f"--file is required: rc={rc}")
 

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
+#include "engine/kv_calibration.h"
 #include "engine/model_executor.h"
 #include "engine/request_state.h"
 #include "model/model.h"
@@ -223,6 +224,90 @@ void check_settled_before_serving(const std::string& quantization) {
   EXPECT_EQ(cuda::matmul_tuning_runs(*backend), tuned) << "a serving step tuned a matmul";
   EXPECT_EQ(exec->num_graphs(), graphs) << "a serving step captured a graph";
   EXPECT_GE(exec->num_graph_replays(), kSeqs);
+}
+
+// --calculate-kv-scales on the GPU (engine/kv_calibration.h): the same
+// calibration prompt gives each layer the scales the CPU backend computes
+// (bf16 compute and pages against fp32: within 5%), and the executor then
+// runs graphs and steps over FP8 pages with them, its prompt logits close
+// to those of BF16 pages.
+TEST(ExecutorGpu, CalibratedKvScalesMatchTheCpu) {
+  REQUIRE_MODEL();
+  std::vector<float> cpu_k, cpu_v;
+  int layers = 0;
+  {
+    auto be = ops::make_cpu_backend(0);
+    ModelLoadOptions load;
+    load.kv_cache_dtype = "fp8";
+    auto model = Model::load(path, *be, load);
+    ASSERT_TRUE(model.ok()) << model.status().to_string();
+    Model* m = model->get();
+    layers = m->config().num_layers;
+    ExecutorOptions opts;
+    opts.kv_calibration_tokens = kv_calibration_tokens(nullptr, m->config().vocab_size, 256);
+    ModelExecutor exec(std::move(be), std::move(*model), opts);
+    ASSERT_TRUE(exec.initialize(64, kBlock, 512, 16).ok());
+    for (int l = 0; l < layers; ++l) {
+      cpu_k.push_back(m->kv_k_scale(l));
+      cpu_v.push_back(m->kv_v_scale(l));
+    }
+  }
+  auto run = [&](const std::string& kv, bool calibrate, std::vector<float>* k, std::vector<float>* v) {
+    auto be = cuda::make_cuda_backend(cuda::CudaBackendOptions{});
+    EXPECT_NE(be, nullptr);
+    if (!be) return std::vector<float>{};
+    ModelLoadOptions load;
+    load.kv_cache_dtype = kv;
+    auto model = Model::load(path, *be, load);
+    EXPECT_TRUE(model.ok()) << model.status().to_string();
+    if (!model.ok()) return std::vector<float>{};
+    Model* m = model->get();
+    ExecutorOptions opts;
+    if (calibrate) opts.kv_calibration_tokens = kv_calibration_tokens(nullptr, m->config().vocab_size, 256);
+    auto exec = std::make_unique<ModelExecutor>(std::move(be), std::move(*model), opts);
+    exec->set_limits(4, kPagesPerSeq * kBlock);
+    EXPECT_TRUE(exec->initialize(4 * kPagesPerSeq, kBlock, 512, 8).ok());
+    EXPECT_TRUE(exec->graphs_enabled());
+    for (int l = 0; k && l < layers; ++l) {
+      k->push_back(m->kv_k_scale(l));
+      v->push_back(m->kv_v_scale(l));
+      EXPECT_EQ(exec->kv().layers[static_cast<size_t>(l)].k_scale, m->kv_k_scale(l));
+    }
+    std::vector<Seq> seqs = make_seqs(4, exec->vocab_size(), 77);
+    std::vector<Seq*> ptrs;
+    for (auto& s : seqs) ptrs.push_back(&s);
+    auto r = exec->execute(make_step(ptrs));
+    EXPECT_TRUE(r.ok()) << r.status().to_string();
+    std::vector<float> rows = r.ok() ? host_rows(*r, 4, exec->vocab_size()) : std::vector<float>{};
+    // One decode step (a graph replay) over the pages just written.
+    for (auto& s : seqs) {
+      s.computed = static_cast<int>(s.tokens.size());
+      s.tokens.push_back(1);
+    }
+    auto d = exec->execute(make_step(ptrs));
+    EXPECT_TRUE(d.ok()) << d.status().to_string();
+    if (d.ok()) {
+      for (float x : host_rows(*d, 4, exec->vocab_size())) EXPECT_TRUE(std::isfinite(x));
+    }
+    return rows;
+  };
+  std::vector<float> gpu_k, gpu_v;
+  const std::vector<float> calibrated = run("fp8", true, &gpu_k, &gpu_v);
+  const std::vector<float> bf16 = run("auto", false, nullptr, nullptr);
+  ASSERT_EQ(gpu_k.size(), cpu_k.size());
+  for (int l = 0; l < layers; ++l) {
+    EXPECT_NE(gpu_k[l], 1.0f);
+    EXPECT_NEAR(gpu_k[l], cpu_k[l], 0.05 * cpu_k[l]) << "layer " << l;
+    EXPECT_NEAR(gpu_v[l], cpu_v[l], 0.05 * cpu_v[l]) << "layer " << l;
+  }
+  ASSERT_EQ(calibrated.size(), bf16.size());
+  double err = 0, norm = 0;
+  for (size_t i = 0; i < bf16.size(); ++i) {
+    err += (calibrated[i] - bf16[i]) * (calibrated[i] - bf16[i]);
+    norm += bf16[i] * bf16[i];
+  }
+  std::printf("calibrated FP8 pages against BF16 pages, last prompt logits: NMSE %.3g\n", err / norm);
+  EXPECT_LT(err / norm, 2e-2);
 }
 
 TEST(ExecutorGpu, MatmulChoicesAndGraphsSettledBeforeServing) { check_settled_before_serving("none"); }

@@ -21,6 +21,7 @@ class SequenceRunner {
     std::reverse(blocks_.begin(), blocks_.end());  // pages out of order on purpose
   }
   ~SequenceRunner() { model_.free_kv(kv_); }
+  const KvCache& kv() const { return kv_; }
 
   // Feeds `ids` after the tokens already in the cache. Returns logits of every
   // fed position when all_logits, else of the last one: [rows * vocab].

@@ -22,6 +22,7 @@ const std::vector<std::vector<std::string>> kSharedArgs = {
     {"--device", "cuda:1"},
     {"--dtype", "float16"},
     {"--kv-cache-dtype", "bfloat16"},
+    {"--calculate-kv-scales"},
     {"--load-format", "auto"},
     {"--threads", "3"},
     {"--max-num-seqs", "17"},
@@ -129,6 +130,7 @@ TEST(EngineOptions, EveryCommandMapsEverySharedFlag) {
     EXPECT_EQ(cfg->device, "cuda:1") << name(c);
     EXPECT_EQ(cfg->dtype, "float16") << name(c);
     EXPECT_EQ(cfg->kv_cache_dtype, "bfloat16") << name(c);
+    EXPECT_TRUE(cfg->calculate_kv_scales) << name(c);
     EXPECT_EQ(cfg->load_format, "auto") << name(c);
     EXPECT_EQ(cfg->num_threads, 3) << name(c);
     EXPECT_EQ(cfg->max_num_seqs, 17) << name(c);
@@ -163,7 +165,8 @@ TEST(EngineOptions, EachFlagAloneReachesTheConfig) {
       ASSERT_TRUE(cfg.has_value()) << name(c) << " " << a[0];
       const bool changed =
           cfg->tokenizer != base->tokenizer || cfg->device != base->device || cfg->dtype != base->dtype ||
-          cfg->kv_cache_dtype != base->kv_cache_dtype || cfg->num_threads != base->num_threads ||
+          cfg->kv_cache_dtype != base->kv_cache_dtype || cfg->calculate_kv_scales != base->calculate_kv_scales ||
+          cfg->num_threads != base->num_threads ||
           cfg->max_num_seqs != base->max_num_seqs || cfg->max_num_batched_tokens != base->max_num_batched_tokens ||
           cfg->max_model_len != base->max_model_len || cfg->block_size != base->block_size ||
           cfg->kv_cache_bytes != base->kv_cache_bytes ||
@@ -187,6 +190,7 @@ TEST(EngineOptions, DefaultsAreTheEnginesAndEachCommandsOwn) {
     EXPECT_EQ(cfg->device, "cpu") << name(c);
     EXPECT_EQ(cfg->dtype, "auto") << name(c);
     EXPECT_EQ(cfg->kv_cache_dtype, "auto") << name(c);
+    EXPECT_FALSE(cfg->calculate_kv_scales) << name(c);
     EXPECT_EQ(cfg->load_format, "auto") << name(c);
     EXPECT_EQ(cfg->tokenizer, "") << name(c);
     EXPECT_EQ(cfg->num_threads, 0) << name(c);
