@@ -378,22 +378,8 @@ Status ModelExecutor::calibrate_kv_scales(int max_tokens) {
   b.block_indptr = {0, pages};
   for (int p = 0; p < pages; ++p) b.block_indices.push_back(p);
   KvCache tmp = model_->allocate_kv_as(pages, bs, model_->activation_dtype());
-  ForwardBatch fb;
-  if (on_host_) {
-    fb.token_ids = b.token_ids.data();
-    fb.attn.num_seqs = 1;
-    fb.attn.num_tokens = n;
-    fb.attn.max_kv_len = fb.attn.max_q_len = n;
-    fb.attn.q_indptr = b.q_indptr.data();
-    fb.attn.kv_lens = b.kv_lens.data();
-    fb.attn.block_indptr = b.block_indptr.data();
-    fb.attn.block_indices = b.block_indices.data();
-    fb.attn.positions = b.positions.data();
-    fb.attn.slot_mapping = b.slot_mapping.data();
-  } else {
-    fb = stage(b, 0);
-  }
-  fb.num_logit_rows = 0;  // the KV writes are what is wanted
+  // No logit rows: the KV writes are what is wanted.
+  ForwardBatch fb = on_host_ ? host_batch(b) : stage(b, 0);
   model_->forward(fb, tmp);
   // Each layer's K and V rows of the prompt, to the host, widened to fp32.
   const DType dt = model_->activation_dtype();
@@ -508,12 +494,7 @@ void ModelExecutor::copy_blocks(const std::vector<BlockCopy>& copies) {
   }
 }
 
-Expected<StepOutput> ModelExecutor::execute_on_host(const StepBatch& b) {
-  StepOutput out;
-  if (b.num_tokens == 0) return out;
-  if (static_cast<int>(b.logit_rows.size()) > max_logit_rows_)
-    return internal_error("step wants " + std::to_string(b.logit_rows.size()) + " logit rows, reserved " +
-                          std::to_string(max_logit_rows_));
+ForwardBatch ModelExecutor::host_batch(const StepBatch& b) const {
   ForwardBatch fb;
   fb.token_ids = b.token_ids.data();
   fb.attn.num_seqs = b.num_seqs;
@@ -529,7 +510,16 @@ Expected<StepOutput> ModelExecutor::execute_on_host(const StepBatch& b) {
   fb.attn.num_leading_decodes = leading_single_token_seqs(b.q_indptr);
   fb.logit_rows = b.logit_rows.data();
   fb.num_logit_rows = static_cast<int>(b.logit_rows.size());
-  Tensor logits = model_->forward(fb, kv_);
+  return fb;
+}
+
+Expected<StepOutput> ModelExecutor::execute_on_host(const StepBatch& b) {
+  StepOutput out;
+  if (b.num_tokens == 0) return out;
+  if (static_cast<int>(b.logit_rows.size()) > max_logit_rows_)
+    return internal_error("step wants " + std::to_string(b.logit_rows.size()) + " logit rows, reserved " +
+                          std::to_string(max_logit_rows_));
+  Tensor logits = model_->forward(host_batch(b), kv_);
   out.logits = static_cast<const float*>(logits.data());
   return out;
 }

@@ -139,6 +139,8 @@ class ModelExecutor final : public Executor {
   void move_blocks(const StepBatch& b);
   // CPU backend: the host arrays themselves.
   Expected<StepOutput> execute_on_host(const StepBatch& b);
+  // The ForwardBatch over b's own (host) arrays.
+  ForwardBatch host_batch(const StepBatch& b) const;
   Status allocate_step_buffers(int max_tokens, int max_logit_rows, int block_size);
   // options_.kv_calibration_tokens through the model (see ExecutorOptions);
   // sets the model's and kv_'s scales. After reserve (and, on a device, the

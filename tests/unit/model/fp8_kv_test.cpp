@@ -52,6 +52,31 @@ Expected<std::unique_ptr<Model>> load(const std::string& dir, ops::Backend& be, 
 constexpr double kFp8KvNmse = 1.5e-2;
 constexpr double kFp8KvMargin = 0.05;
 
+// NMSE of the model's logits at the fixture prompt's reference positions
+// against its reference logits.
+double logits_nmse(Model& model, const nlohmann::json& prompt) {
+  const std::vector<int32_t> ids = prompt["ids"].get<std::vector<int32_t>>();
+  const auto positions = prompt["logits_positions"].get<std::vector<size_t>>();
+  const auto& ref_logits = prompt["logits"];
+  const int vocab = model.config().vocab_size;
+  testing::SequenceRunner runner(model, static_cast<int>(ids.size()) + 1);
+  const std::vector<float> logits = runner.feed(ids, true);
+  EXPECT_EQ(logits.size(), ids.size() * static_cast<size_t>(vocab));
+  if (logits.size() != ids.size() * static_cast<size_t>(vocab)) return 1e30;
+  double err = 0, norm = 0;
+  for (size_t i = 0; i < positions.size(); ++i) {
+    EXPECT_LT(positions[i], ids.size());
+    if (positions[i] >= ids.size()) return 1e30;
+    for (int v = 0; v < vocab; ++v) {
+      const double r = ref_logits[i][static_cast<size_t>(v)].get<double>();
+      const double d = logits[positions[i] * static_cast<size_t>(vocab) + static_cast<size_t>(v)] - r;
+      err += d * d;
+      norm += r * r;
+    }
+  }
+  return err / std::max(norm, 1e-30);
+}
+
 class Fp8KvFixture : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Fp8KvFixture, LogitsAndGreedyNearTransformers) {
@@ -61,26 +86,11 @@ TEST_P(Fp8KvFixture, LogitsAndGreedyNearTransformers) {
   ASSERT_TRUE(model.ok()) << model.status().to_string();
   ASSERT_EQ((*model)->kv_dtype(), DType::kF8E4M3);
   const nlohmann::json expected = read_json(dir + "/expected.json");
-  const int vocab = (*model)->config().vocab_size;
   double worst = 0;
   for (const auto& p : expected["prompts"]) {
     const std::vector<int32_t> ids = p["ids"].get<std::vector<int32_t>>();
-    const auto positions = p["logits_positions"].get<std::vector<size_t>>();
-    const auto& ref_logits = p["logits"];
-    ASSERT_EQ(ref_logits.size(), positions.size());
-    testing::SequenceRunner runner(**model, static_cast<int>(ids.size()) + 40);
-    const std::vector<float> logits = runner.feed(ids, true);
-    ASSERT_EQ(logits.size(), ids.size() * static_cast<size_t>(vocab));
-    double err = 0, norm = 0;
-    for (size_t i = 0; i < positions.size(); ++i) {
-      for (int v = 0; v < vocab; ++v) {
-        const double r = ref_logits[i][static_cast<size_t>(v)].get<double>();
-        const double d = logits[positions[i] * static_cast<size_t>(vocab) + static_cast<size_t>(v)] - r;
-        err += d * d;
-        norm += r * r;
-      }
-    }
-    const double nmse = err / std::max(norm, 1e-30);
+    ASSERT_EQ(p["logits"].size(), p["logits_positions"].size());
+    const double nmse = logits_nmse(**model, p);
     worst = std::max(worst, nmse);
     EXPECT_LE(nmse, kFp8KvNmse) << GetParam() << " prompt of " << ids.size() << " tokens";
     if (ids.size() > 1) EXPECT_GT(nmse, 0.0) << "FP8 pages round K and V: the logits cannot be exact";
@@ -102,27 +112,6 @@ TEST_P(Fp8KvFixture, LogitsAndGreedyNearTransformers) {
     }
   }
   std::printf("%s: fp8 KV logits NMSE <= %.3g\n", GetParam().c_str(), worst);
-}
-
-// NMSE of the model's logits at every position of `ids` against the fixture
-// prompt's reference logits.
-double logits_nmse(Model& model, const nlohmann::json& prompt) {
-  const std::vector<int32_t> ids = prompt["ids"].get<std::vector<int32_t>>();
-  const auto positions = prompt["logits_positions"].get<std::vector<size_t>>();
-  const auto& ref_logits = prompt["logits"];
-  const int vocab = model.config().vocab_size;
-  testing::SequenceRunner runner(model, static_cast<int>(ids.size()) + 1);
-  const std::vector<float> logits = runner.feed(ids, true);
-  double err = 0, norm = 0;
-  for (size_t i = 0; i < positions.size(); ++i) {
-    for (int v = 0; v < vocab; ++v) {
-      const double r = ref_logits[i][static_cast<size_t>(v)].get<double>();
-      const double d = logits[positions[i] * static_cast<size_t>(vocab) + static_cast<size_t>(v)] - r;
-      err += d * d;
-      norm += r * r;
-    }
-  }
-  return err / std::max(norm, 1e-30);
 }
 
 // --calculate-kv-scales (engine/kv_calibration.h): the executor runs the
