@@ -130,6 +130,7 @@ int run_perplexity(const PerplexityOptions& o, const EngineConfigSink& dry_run) 
     if (!s.ok()) return fail(s.status());
     streams.push_back(*s);
   }
+  auto last_report = Clock::now();
   std::vector<ScoredToken> scored;
   scored.reserve(static_cast<size_t>(plan->num_windows) * static_cast<size_t>(plan->ctx - plan->score_from));
   for (int w = 0; w < plan->num_windows; ++w) {
@@ -152,6 +153,13 @@ int run_perplexity(const PerplexityOptions& o, const EngineConfigSink& dry_run) 
                                    ": the prompt logprob is not of the window's token"));
       }
       scored.push_back({win[p], -static_cast<double>(lp.logprob), lp.top.front().token_id});
+    }
+    // Long runs show their progress on stderr, at most every 5 seconds.
+    const auto now = Clock::now();
+    if (w + 1 < plan->num_windows && now - last_report >= std::chrono::seconds(5)) {
+      last_report = now;
+      std::fprintf(stderr, "[osprey] %d of %d windows, perplexity so far %.4f\n", w + 1, plan->num_windows,
+                   summarize(scored).ppl);
     }
   }
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
