@@ -2,9 +2,12 @@
 // prompt logprobs (tools/perplexity.h: windows, scoring, statistics), with
 // --save / --compare to measure what a setting (FP8 KV pages, FP8 weights,
 // bf16 compute...) costs against another run over the same tokens.
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -64,6 +67,21 @@ Status write_file(const std::string& path, const std::string& text) {
   return Status::Ok();
 }
 
+// Whether `path` can be written (its folder exists and is writable, and
+// the file, where it exists, is too): checked before a run that may last
+// long, so that its results are not lost to a mistyped --save path.
+Status check_writable(const std::string& path) {
+  namespace fs = std::filesystem;
+  const fs::path p(path);
+  const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec) || ::access(dir.c_str(), W_OK) != 0 ||
+      (fs::exists(p, ec) && (fs::is_directory(p, ec) || ::access(p.c_str(), W_OK) != 0))) {
+    return invalid_argument("cannot write --save file '" + path + "'");
+  }
+  return Status::Ok();
+}
+
 int fail(const Status& s) {
   std::fprintf(stderr, "osprey: %s\n", s.to_string().c_str());
   return 1;
@@ -83,6 +101,10 @@ int run_perplexity(const PerplexityOptions& o, const EngineConfigSink& dry_run) 
   // Read the inputs before loading the model, so that a bad path fails fast.
   auto text = read_file(o.file, "--file");
   if (!text.ok()) return fail(text.status());
+  if (!o.save.empty()) {
+    const Status s = check_writable(o.save);
+    if (!s.ok()) return fail(s);
+  }
   std::vector<ScoredToken> base;
   if (!o.compare_with.empty()) {
     auto saved = read_file(o.compare_with, "--compare file");

@@ -100,6 +100,8 @@ with tempfile.TemporaryDirectory() as tmp:
                                        "top1": [1, 2]}))
     rc, out, err = run(ppl_args("--compare", other))
     check(rc == 1 and "different numbers of tokens" in err, f"--compare of another text: rc={rc} {err[-200:]}")
+    rc, out, err = run(ppl_args("--save", os.path.join(tmp, "no", "such", "folder.json")))
+    check(rc == 1 and "cannot write --save file" in err, f"unwritable --save, before the run: rc={rc} {err[-200:]}")
     rc, out, err = run(ppl_args("--calculate-kv-scales"))
     check(rc == 1 and "needs FP8 KV pages" in err, f"--calculate-kv-scales without fp8 pages: rc={rc} {err[-200:]}")
     rc, out, err = run(["--model", "default"])
