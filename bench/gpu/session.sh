@@ -123,7 +123,7 @@ step_offline() {
       --model llama-3-8b --random-prompts --num-sequential 0 --max-num-batched-tokens 8192 \
       --max-num-seqs "$seqs" --num-prompts "$np" --input-len "$il" --output-len "$ol" $extra \
       > "$tmp/offline_$tag.txt" 2>&1 || rc=1
-    say "  offline $tag ($il/$ol, $np prompts, $seqs seqs, $extra): $(grep -E 'output tok/s' "$tmp/offline_$tag.txt" | tail -1)"
+    say "  offline $tag ($il/$ol, $np prompts, $seqs seqs, $extra): $(grep -E 'Output token throughput' "$tmp/offline_$tag.txt" | tail -1)"
   done
   return $rc
 }
