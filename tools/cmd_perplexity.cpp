@@ -11,7 +11,6 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <sstream>
 
 #include "commands.h"
 #include "osprey/engine.h"
@@ -40,22 +39,25 @@ struct PerplexityOptions {
 };
 
 Expected<std::string> read_file(const std::string& path, const char* what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return not_found(std::string("cannot open ") + what + " '" + path + "'");
-  std::ostringstream ss;
-  std::vector<char> buf(64 * 1024);
-  size_t total = 0;
-  while (in) {
-    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
-    const auto got = static_cast<size_t>(in.gcount());
-    total += got;
-    if (total > kMaxTextBytes) {
-      return invalid_argument(std::string(what) + " '" + path + "' is larger than " +
-                              std::to_string(kMaxTextBytes >> 20) + " MiB");
-    }
-    ss.write(buf.data(), static_cast<std::streamsize>(got));
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return not_found(std::string("cannot open ") + what + " '" + path + "'");
+  const uintmax_t size = std::filesystem::file_size(path, ec);
+  if (ec || size > kMaxTextBytes) {
+    return invalid_argument(std::string(what) + " '" + path + "' is unreadable or larger than " +
+                            std::to_string(kMaxTextBytes >> 20) + " MiB");
   }
-  return ss.str();
+  std::ifstream in(path, std::ios::binary);
+  std::string text(static_cast<size_t>(size), '\0');
+  in.read(text.data(), static_cast<std::streamsize>(size));
+  if (!in || static_cast<uintmax_t>(in.gcount()) != size) {
+    return not_found(std::string("cannot open ") + what + " '" + path + "'");
+  }
+  return text;
+}
+
+// s with "--compare 'FILE': " before its message.
+Status about_compare_file(const std::string& file, const Status& s) {
+  return Status(s.code(), "--compare '" + file + "': " + s.message());
 }
 
 Status write_file(const std::string& path, const std::string& text) {
@@ -110,8 +112,7 @@ int run_perplexity(const PerplexityOptions& o, const EngineConfigSink& dry_run) 
     auto saved = read_file(o.compare_with, "--compare file");
     if (!saved.ok()) return fail(saved.status());
     auto parsed = scores_from_json(*saved);
-    if (!parsed.ok()) return fail(Status(parsed.status().code(), "--compare '" + o.compare_with + "': " +
-                                                                        parsed.status().message()));
+    if (!parsed.ok()) return fail(about_compare_file(o.compare_with, parsed.status()));
     base = std::move(*parsed);
   }
 
@@ -191,7 +192,7 @@ int run_perplexity(const PerplexityOptions& o, const EngineConfigSink& dry_run) 
   std::optional<PerplexityComparison> cmp;
   if (!o.compare_with.empty()) {
     auto c = compare(scored, base);
-    if (!c.ok()) return fail(Status(c.status().code(), "--compare '" + o.compare_with + "': " + c.status().message()));
+    if (!c.ok()) return fail(about_compare_file(o.compare_with, c.status()));
     cmp = *c;
   }
   if (!o.save.empty()) {

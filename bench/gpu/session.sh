@@ -61,15 +61,19 @@ step_build() {
     > "$tmp/build.log" 2>&1 || { grep -E "error|FAILED" -A3 "$tmp/build.log" | head -40 | tee -a "$log"; return 1; }
 }
 
-find_bin() { find "$bin" -name "$1" -type f -perm -u+x | head -1; }
+# The built binary named $1 (its path on stdout), or a logged error and status 1.
+find_bin() {
+  local b; b=$(find "$bin" -name "$1" -type f -perm -u+x | head -1)
+  [[ -n "$b" ]] || { say "no $1 binary under $bin" >&2; return 1; }
+  echo "$b"
+}
 
 gtest_summary() {  # log file
   grep -E "^\[  (PASSED|FAILED|SKIPPED) +\]|^\[==========\] .* ran" "$1" | head -30 | tee -a "$log"
 }
 
 step_gputests() {
-  local b; b=$(find_bin gpu_tests)
-  [[ -n "$b" ]] || { say "no gpu_tests binary"; return 1; }
+  local b; b=$(find_bin gpu_tests) || return 1
   "$b" ${GT_FILTER:+--gtest_filter="$GT_FILTER"} > "$tmp/gpu_tests.log" 2>&1
   local rc=$?
   gtest_summary "$tmp/gpu_tests.log"
@@ -77,8 +81,7 @@ step_gputests() {
 }
 
 step_enginetests() {
-  local b; b=$(find_bin gpu_engine_tests)
-  [[ -n "$b" ]] || { say "no gpu_engine_tests binary"; return 1; }
+  local b; b=$(find_bin gpu_engine_tests) || return 1
   "$b" ${ET_FILTER:+--gtest_filter="$ET_FILTER"} > "$tmp/gpu_engine_tests.log" 2>&1
   local rc=$?
   gtest_summary "$tmp/gpu_engine_tests.log"
@@ -87,8 +90,7 @@ step_enginetests() {
 }
 
 step_ttft() {
-  local b; b=$(find_bin model_bench)
-  [[ -n "$b" ]] || { say "no model_bench binary"; return 1; }
+  local b; b=$(find_bin model_bench) || return 1
   local run tag extra rc=0
   IFS=';' read -ra runs <<< "${TTFT_RUNS:-bf16|}"
   for run in "${runs[@]}"; do
@@ -101,8 +103,7 @@ step_ttft() {
 }
 
 step_decode() {
-  local b; b=$(find_bin model_bench)
-  [[ -n "$b" ]] || { say "no model_bench binary"; return 1; }
+  local b; b=$(find_bin model_bench) || return 1
   # shellcheck disable=SC2086
   "$b" llama-3-8b bfloat16 --decode-only --ctx 512 --ctx 2048 --ctx 8192 ${DECODE_ARGS:-} > "$tmp/decode.txt" 2>&1
   local rc=$?
@@ -111,8 +112,7 @@ step_decode() {
 }
 
 step_offline() {
-  local b; b=$(find_bin osprey)
-  [[ -n "$b" ]] || { say "no osprey binary"; return 1; }
+  local b; b=$(find_bin osprey) || return 1
   local run tag il ol np seqs extra rc=0
   IFS=';' read -ra runs <<< "${OFF_RUNS:-128_128|128|128|1024|512|}"
   for run in "${runs[@]}"; do
@@ -129,8 +129,7 @@ step_offline() {
 }
 
 step_perplexity() {
-  local b; b=$(find_bin osprey)
-  [[ -n "$b" ]] || { say "no osprey binary"; return 1; }
+  local b; b=$(find_bin osprey) || return 1
   local model=${PPL_MODEL:-$root/.devdata/SmolLM2-135M-Instruct.Q4_1.truncated.gguf}
   local file=${PPL_FILE:-/usr/share/common-licenses/GPL-3}
   local run tag extra first="" rc=0

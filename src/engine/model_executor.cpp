@@ -383,34 +383,25 @@ Status ModelExecutor::calibrate_kv_scales(int max_tokens) {
   model_->forward(fb, tmp);
   // Each layer's K and V rows of the prompt, to the host, widened to fp32.
   const DType dt = model_->activation_dtype();
-  const size_t values = static_cast<size_t>(n) * static_cast<size_t>(c.num_kv_heads) * static_cast<size_t>(c.head_dim);
-  const size_t bytes = static_cast<size_t>(dtype_row_bytes(dt, static_cast<int64_t>(values)));
-  std::vector<unsigned char> raw(bytes);
-  std::vector<float> k_scales, v_scales;
-  float k_lo = INFINITY, k_hi = 0, v_lo = INFINITY, v_hi = 0;
-  for (const ops::LayerKv& layer : tmp.layers) {
-    for (const Tensor* t : {&layer.k, &layer.v}) {
-      backend_->copy_to_host_async(raw.data(), t->data(), bytes);
-      backend_->synchronize();
-      float amax = 0.0f;
-      for (size_t i = 0; i < values; ++i) {
-        float x;
-        if (dt == DType::kF32) {
-          std::memcpy(&x, raw.data() + 4 * i, 4);
-        } else {
-          uint16_t h;
-          std::memcpy(&h, raw.data() + 2 * i, 2);
-          x = dt == DType::kBF16 ? bf16_to_f32(h) : fp16_to_f32(h);
-        }
-        if (std::isfinite(x)) amax = std::max(amax, std::abs(x));
-      }
-      const bool is_k = t == &layer.k;
-      (is_k ? k_scales : v_scales).push_back(kv_scale_from_amax(amax));
-      float& lo = is_k ? k_lo : v_lo;
-      float& hi = is_k ? k_hi : v_hi;
-      lo = std::min(lo, amax);
-      hi = std::max(hi, amax);
+  const int64_t values = int64_t{n} * c.num_kv_heads * c.head_dim;
+  std::vector<unsigned char> raw(static_cast<size_t>(dtype_row_bytes(dt, values)));
+  std::vector<float> wide(static_cast<size_t>(values));
+  auto amax_of = [&](const Tensor& pages) {
+    backend_->copy_to_host_async(raw.data(), pages.data(), raw.size());
+    backend_->synchronize();
+    dequantize_row(dt, raw.data(), wide.data(), values);
+    float amax = 0.0f;
+    for (float x : wide) {
+      if (std::isfinite(x)) amax = std::max(amax, std::abs(x));
     }
+    return amax;
+  };
+  std::vector<float> k_amax, v_amax, k_scales, v_scales;
+  for (const ops::LayerKv& layer : tmp.layers) {
+    k_amax.push_back(amax_of(layer.k));
+    v_amax.push_back(amax_of(layer.v));
+    k_scales.push_back(kv_scale_from_amax(k_amax.back()));
+    v_scales.push_back(kv_scale_from_amax(v_amax.back()));
   }
   model_->free_kv(tmp);
   OSP_RETURN_IF_ERROR(model_->set_kv_scales(k_scales, v_scales, "calibrated"));
@@ -418,11 +409,13 @@ Status ModelExecutor::calibrate_kv_scales(int max_tokens) {
     kv_.layers[l].k_scale = k_scales[l];
     kv_.layers[l].v_scale = v_scales[l];
   }
+  const auto [k_lo, k_hi] = std::minmax_element(k_amax.begin(), k_amax.end());
+  const auto [v_lo, v_hi] = std::minmax_element(v_amax.begin(), v_amax.end());
   spdlog::info(
       "FP8 KV scales calibrated on {} tokens in {:.0f} ms: per layer |K| max {:.3g}..{:.3g}, |V| max {:.3g}..{:.3g}, "
       "each mapped to {:.0f} of E4M3's 448",
-      n, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count(), k_lo, k_hi, v_lo,
-      v_hi, kKvCalibrationRange);
+      n, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count(), *k_lo, *k_hi, *v_lo,
+      *v_hi, kKvCalibrationRange);
   return Status::Ok();
 }
 

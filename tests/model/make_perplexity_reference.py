@@ -21,7 +21,6 @@ Usage: .venv-ref/bin/python tests/model/make_perplexity_reference.py [--model PA
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import os
@@ -32,18 +31,11 @@ import torch
 import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from make_default_reference import DEFAULT_MODEL, sha256  # the same model file and checksum
+
 HERE = Path(__file__).resolve().parent
-DEFAULT_MODEL = Path.home() / ".cache/osprey/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 CTX = 128
 SCORE_FROM = 64
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def main() -> None:
