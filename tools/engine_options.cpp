@@ -14,8 +14,9 @@ void add_engine_options(CLI::App* cmd, EngineOptions* o) {
   cmd->add_option("--dtype", o->dtype,
                   "Compute dtype: auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16, float16 (CUDA)");
   cmd->add_option("--kv-cache-dtype", o->kv_cache_dtype,
-                  "KV page dtype: auto (the compute dtype), float32, bfloat16, float16, or fp8 (E4M3, one byte a "
-                  "value: twice the pages of bf16; scales from the checkpoint's k_scale / v_scale, else 1)");
+                  "KV page dtype: auto (the compute dtype), float32, bfloat16, float16, fp8 (E4M3, one byte a "
+                  "value: twice the pages of bf16; scales from the checkpoint's k_scale / v_scale, else 1), or int8 "
+                  "(one byte a value and one fp32 scale a token and KV head, set as it is written; CPU backend)");
   cmd->add_flag("--calculate-kv-scales", o->calculate_kv_scales,
                 "With --kv-cache-dtype fp8: calibrate each layer's K and V scale at start-up on a built-in text "
                 "(instead of the checkpoint's scales or 1)");

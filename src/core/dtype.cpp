@@ -21,6 +21,8 @@ std::string_view dtype_name(DType t) {
     case DType::kQ4_1: return "Q4_1";
     case DType::kF8E4M3:
       return "F8_E4M3";
+    case DType::kI8:
+      return "I8";
   }
   return "?";
 }
@@ -51,6 +53,26 @@ uint8_t f32_to_f8e4m3(float f) {
   }
   const int code = (e + 7) << 3 | m;
   return sign | static_cast<uint8_t>(std::min(code, 0x7e));
+}
+
+float int8_row_quantize(const float* x, int64_t n, int8_t* q) {
+  float amax = 0.0f;
+  bool finite = true;
+  for (int64_t i = 0; i < n; ++i) {
+    finite = finite && std::isfinite(x[i]);
+    amax = std::max(amax, std::fabs(x[i]));
+  }
+  if (!finite) {
+    std::memset(q, 0, static_cast<size_t>(n));
+    return std::numeric_limits<float>::quiet_NaN();
+  }
+  const float s = amax / static_cast<float>(kI8RowMax);
+  for (int64_t i = 0; i < n; ++i) {
+    // |x / s| <= 127 up to the division's rounding; the clamp keeps it there.
+    const float r = s > 0.0f ? std::nearbyint(std::clamp(x[i] / s, -127.0f, 127.0f)) : 0.0f;
+    q[i] = static_cast<int8_t>(r);
+  }
+  return s;
 }
 
 std::optional<DType> dtype_from_name(std::string_view n) {
@@ -112,6 +134,11 @@ void dequantize_row(DType t, const void* src, float* out, int64_t cols) {
       for (int64_t i = 0; i < cols; ++i) out[i] = f8e4m3_to_f32(p[i]);
       return;
     }
+    case DType::kI8: {
+      const auto* p = static_cast<const int8_t*>(src);
+      for (int64_t i = 0; i < cols; ++i) out[i] = static_cast<float>(p[i]);
+      return;
+    }
     case DType::kQ4_1: {
       const auto* b = static_cast<const BlockQ4_1*>(src);
       for (int64_t k = 0; k < cols / kQuantBlock; ++k) {
@@ -144,6 +171,14 @@ void quantize_row(DType t, const float* x, void* dst, int64_t cols) {
     case DType::kF8E4M3: {
       auto* p = static_cast<uint8_t*>(dst);
       for (int64_t i = 0; i < cols; ++i) p[i] = f32_to_f8e4m3(x[i]);
+      return;
+    }
+    case DType::kI8: {
+      auto* p = static_cast<int8_t*>(dst);
+      for (int64_t i = 0; i < cols; ++i) {
+        const float r = std::isnan(x[i]) ? 0.0f : std::nearbyint(std::clamp(x[i], -127.0f, 127.0f));
+        p[i] = static_cast<int8_t>(r);
+      }
       return;
     }
     case DType::kQ8_0:

@@ -27,6 +27,10 @@ enum class DType : uint8_t {
   // their bytes: see fp8_scale_offset. Not a file dtype (dtype_from_name
   // does not know it).
   kF8E4M3,
+  // Signed 8-bit integers. As KV pages (--kv-cache-dtype int8) each K or V
+  // row of one token and KV head is int8_row_quantize's q under that row's
+  // own fp32 scale (ops::LayerKv). Not a file dtype either.
+  kI8,
 };
 
 // Nibble layout of Q4_0/Q4_1 (as in GGUF): byte j of qs holds element j in its
@@ -76,6 +80,7 @@ constexpr int64_t dtype_block_bytes(DType t) {
     case DType::kQ4_0: return sizeof(BlockQ4_0);
     case DType::kQ4_1: return sizeof(BlockQ4_1);
     case DType::kF8E4M3:
+    case DType::kI8:
       return 1;
   }
   return 0;
@@ -102,6 +107,9 @@ constexpr int64_t fp8_weight_bytes(int64_t m, int64_t k) {
 
 // The largest finite E4M3 value.
 constexpr float kF8E4M3Max = 448.0f;
+
+// The largest magnitude int8_row_quantize stores (symmetric: -128 is unused).
+constexpr int kI8RowMax = 127;
 
 // ---- scalar conversions ------------------------------------------------------
 
@@ -191,6 +199,14 @@ uint8_t f32_to_f8e4m3(float f);
 void f8e4m3_rescale_rows(const uint8_t* src, int64_t rows, int64_t cols, const float* row_scales, bool per_row,
                          float to_scale, uint8_t* dst);
 
+// One row of int8 with its own scale (INT8 KV pages): returns
+// s = amax / 127 (fp32 division; amax the row's largest magnitude) and sets
+// q[i] = x[i] / s rounded to the nearest integer, ties to even (fp32
+// division; within [-127, 127] by construction), so x[i] ~= s * q[i] within
+// s / 2. An all-zero row gives s = 0 and q = 0. A row holding a NaN or an
+// infinity gives s = NaN and q = 0: the whole row reads back NaN.
+float int8_row_quantize(const float* x, int64_t n, int8_t* q);
+
 // Dequantise one row of `cols` elements of type t (any dtype except the
 // integer ones) into out[cols] fp32. Portable reference used by tests and by
 // the loader; backends have their own fast paths.
@@ -201,7 +217,8 @@ void dequantize_row(DType t, const void* src, float* out, int64_t cols);
 // recipes: Q8_0 d = amax/127; Q4_0 d = (value of largest magnitude)/-8,
 // q = round(x/d + 8); Q4_1 d = (max-min)/15, m = min; F8_E4M3 the values
 // themselves (f32_to_f8e4m3, no scale: dequantize_row gives them back
-// unscaled too). dst holds
+// unscaled too); I8 the values rounded to the nearest integer in [-127,
+// 127] (no scale either). dst holds
 // dtype_row_bytes(t, cols) bytes. Used by tests and benchmarks.
 void quantize_row(DType t, const float* src, void* dst, int64_t cols);
 

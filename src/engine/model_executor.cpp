@@ -436,7 +436,7 @@ Status ModelExecutor::initialize_swap(int num_host_blocks) {
   for (void* p : host_swap_) backend_->free_host(p);
   host_swap_.clear();
   for (auto& layer : kv_.layers) {
-    for (Tensor* t : {&layer.k, &layer.v}) {
+    for (Tensor* t : layer.page_tensors()) {
       const size_t page = static_cast<size_t>(t->nbytes() / kv_.num_blocks);
       void* p = backend_->alloc_host(page * static_cast<size_t>(num_host_blocks));
       if (!p) return resource_exhausted("out of host memory for the swap space");
@@ -455,7 +455,7 @@ void ModelExecutor::move_blocks(const StepBatch& b) {
 void ModelExecutor::swap_blocks(const std::vector<BlockCopy>& copies, bool to_host) {
   size_t ti = 0;
   for (auto& layer : kv_.layers) {
-    for (Tensor* t : {&layer.k, &layer.v}) {
+    for (Tensor* t : layer.page_tensors()) {
       const size_t page = static_cast<size_t>(t->nbytes() / kv_.num_blocks);
       char* base = static_cast<char*>(t->data());
       char* host_base = static_cast<char*>(host_swap_[ti++]);
@@ -479,7 +479,7 @@ void ModelExecutor::swap_blocks(const std::vector<BlockCopy>& copies, bool to_ho
 
 void ModelExecutor::copy_blocks(const std::vector<BlockCopy>& copies) {
   for (auto& layer : kv_.layers) {
-    for (Tensor* t : {&layer.k, &layer.v}) {
+    for (Tensor* t : layer.page_tensors()) {
       const size_t page = static_cast<size_t>(t->nbytes() / kv_.num_blocks);
       char* base = static_cast<char*>(t->data());
       for (const BlockCopy& c : copies) backend_->copy_device_to_device(base + page * c.dst, base + page * c.src, page);

@@ -94,10 +94,11 @@ Expected<DType> parse_dtype_option(const std::string& value, DType automatic, co
 
 Expected<DType> parse_kv_dtype_option(const std::string& value, DType automatic) {
   if (value == "fp8" || value == "fp8_e4m3") return DType::kF8E4M3;
+  if (value == "int8" || value == "i8") return DType::kI8;
   auto t = parse_dtype_option(value, automatic, "kv_cache_dtype");
   if (!t.ok()) {
-    return invalid_argument("kv_cache_dtype must be auto, float32, bfloat16, float16 or fp8 (fp8_e4m3), got '" + value +
-                            "'");
+    return invalid_argument("kv_cache_dtype must be auto, float32, bfloat16, float16, fp8 (fp8_e4m3) or int8, got '" +
+                            value + "'");
   }
   return t;
 }
@@ -636,6 +637,11 @@ Expected<std::unique_ptr<Model>> Model::load(const std::string& path, ops::Backe
                                                            : " (use float32, bfloat16 or float16)"));
   }
   OSP_ASSIGN_OR_RETURN(DType kv_dtype, parse_kv_dtype_option(options.kv_cache_dtype, act));
+  if (!backend.supports_kv_dtype(kv_dtype)) {
+    return unsupported(std::string("the ") + backend.name() + " backend has no " + std::string(dtype_name(kv_dtype)) +
+                       " KV pages" +
+                       (kv_dtype == DType::kI8 ? " yet (int8 pages run on the CPU backend; use fp8 here)" : ""));
+  }
   if (!options.quantization.empty() && options.quantization != "none" && options.quantization != "fp8") {
     return invalid_argument("quantization must be none or fp8, got '" + options.quantization + "'");
   }
@@ -770,8 +776,9 @@ Expected<std::unique_ptr<Model>> Model::load(const std::string& path, ops::Backe
 
 size_t Model::kv_bytes_per_token() const {
   const ModelConfig& c = config_;
-  return 2ull * static_cast<size_t>(c.num_layers) * static_cast<size_t>(c.num_kv_heads) *
-         static_cast<size_t>(dtype_row_bytes(kv_dtype_, c.head_dim));
+  // I8 pages: each row's fp32 scale too.
+  const size_t row = static_cast<size_t>(dtype_row_bytes(kv_dtype_, c.head_dim)) + (kv_dtype_ == DType::kI8 ? 4 : 0);
+  return 2ull * static_cast<size_t>(c.num_layers) * static_cast<size_t>(c.num_kv_heads) * row;
 }
 
 KvCache Model::allocate_kv(int num_blocks, int block_size) { return allocate_kv_as(num_blocks, block_size, kv_dtype_); }
@@ -795,6 +802,15 @@ KvCache Model::allocate_kv_as(int num_blocks, int block_size, DType page_dtype) 
     layer.v = Tensor(v, page_dtype, {num_blocks, block_size, c.num_kv_heads, c.head_dim}, backend_->device());
     layer.k_scale = f8 ? kv_k_scale(l) : 1.0f;
     layer.v_scale = f8 ? kv_v_scale(l) : 1.0f;
+    if (page_dtype == DType::kI8) {
+      const size_t scale_bytes = static_cast<size_t>(num_blocks) * static_cast<size_t>(block_size) *
+                                 static_cast<size_t>(c.num_kv_heads) * sizeof(float);
+      void* ks = backend_->alloc(scale_bytes);
+      void* vs = backend_->alloc(scale_bytes);
+      OSP_CHECK_MSG(ks && vs, "out of " << backend_->name() << " memory for " << num_blocks << " KV pages' row scales");
+      layer.k_row_scales = Tensor(ks, DType::kF32, {num_blocks, block_size, c.num_kv_heads}, backend_->device());
+      layer.v_row_scales = Tensor(vs, DType::kF32, {num_blocks, block_size, c.num_kv_heads}, backend_->device());
+    }
     kv.layers.push_back(layer);
   }
   return kv;
@@ -821,8 +837,7 @@ Status Model::set_kv_scales(std::vector<float> k_scales, std::vector<float> v_sc
 
 void Model::free_kv(KvCache& kv) {
   for (auto& layer : kv.layers) {
-    backend_->free(layer.k.data());
-    backend_->free(layer.v.data());
+    for (Tensor* t : layer.page_tensors()) backend_->free(t->data());
   }
   kv.layers.clear();
   kv.num_blocks = 0;

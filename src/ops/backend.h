@@ -74,22 +74,41 @@ struct AttentionBatch {
 
 // One layer's paged KV cache:
 //   k, v: [num_blocks, block_size, num_kv_heads, head_dim], dtype F32, F16,
-//   BF16 or F8_E4M3 (one byte a value).
+//   BF16, F8_E4M3 or I8 (one byte a value).
 // F8_E4M3 pages hold each value x as e4m3(x / scale) (round to nearest even,
 // magnitudes past 448 saturated), with one scale for the layer's K and one
 // for its V; reads give e4m3 * scale. Writers first round x to the
 // activation dtype, as kv_write's input already is. The scales are 1 for
 // the other dtypes and are ignored there.
+// I8 pages hold each row of head_dim values (one token, one KV head) as
+// int8_row_quantize(x) (core/dtype.h): int8 q under the row's own fp32
+// scale s = amax / 127, kept in k_row_scales / v_row_scales
+// [num_blocks, block_size, num_kv_heads] F32 at the row's index
+// (slot * num_kv_heads + head); reads give q * s (one fp32 product). The
+// row scale tensors are defined for I8 pages only, and move with their
+// pages (page_tensors).
 struct LayerKv {
   Tensor k;
   Tensor v;
   float k_scale = 1.0f;
   float v_scale = 1.0f;
+  Tensor k_row_scales;
+  Tensor v_row_scales;
+
+  // The tensors a page's contents live in, each with num_blocks as its first
+  // dimension: k, v and, for I8 pages, their row scales. Copies, swaps and
+  // frees of pages go over all of them.
+  std::vector<Tensor*> page_tensors() {
+    std::vector<Tensor*> t{&k, &v};
+    if (k_row_scales.defined()) t.push_back(&k_row_scales);
+    if (v_row_scales.defined()) t.push_back(&v_row_scales);
+    return t;
+  }
 };
 
-// The KV page dtypes: F32, F16, BF16, F8_E4M3.
+// The KV page dtypes: F32, F16, BF16, F8_E4M3, I8.
 constexpr bool is_kv_page_dtype(DType t) {
-  return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16 || t == DType::kF8E4M3;
+  return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16 || t == DType::kF8E4M3 || t == DType::kI8;
 }
 
 class Backend {
@@ -261,13 +280,25 @@ class Backend {
   // finite scales. Aborts with the reason.
   static void check_kv_pages(const LayerKv& kv) {
     OSP_CHECK_MSG(kv.k.dtype() == kv.v.dtype() && is_kv_page_dtype(kv.k.dtype()),
-                  "KV pages must be F32, F16, BF16 or F8_E4M3 (K and V alike), got "
+                  "KV pages must be F32, F16, BF16, F8_E4M3 or I8 (K and V alike), got "
                       << dtype_name(kv.k.dtype()) << " and " << dtype_name(kv.v.dtype()));
     if (kv.k.dtype() == DType::kF8E4M3) {
       OSP_CHECK_MSG(std::isfinite(kv.k_scale) && kv.k_scale > 0.0f && std::isfinite(kv.v_scale) && kv.v_scale > 0.0f,
                     "KV scales must be positive and finite, got " << kv.k_scale << ", " << kv.v_scale);
     }
+    const bool i8 = kv.k.dtype() == DType::kI8;
+    for (const Tensor* s : {&kv.k_row_scales, &kv.v_row_scales}) {
+      OSP_CHECK_MSG(s->defined() == i8, "KV row scales go with I8 pages only");
+      if (!i8) continue;
+      OSP_CHECK_MSG(s->dtype() == DType::kF32 && s->ndim() == 3 && kv.k.ndim() == 4 && s->dim(0) == kv.k.dim(0) &&
+                        s->dim(1) == kv.k.dim(1) && s->dim(2) == kv.k.dim(2),
+                    "I8 KV row scales must be F32 [num_blocks, block_size, num_kv_heads] of their pages");
+    }
   }
+
+  // Whether kv_write, paged_attention and qkv_rope_kv_write take pages of
+  // dtype t (is_kv_page_dtype). This default: every page dtype but I8.
+  virtual bool supports_kv_dtype(DType t) const { return is_kv_page_dtype(t) && t != DType::kI8; }
 
   // Writes k, v [n, hk, hd] into the layer's pages at batch.slot_mapping.
   virtual void kv_write(const Tensor& k, const Tensor& v, const AttentionBatch& batch, LayerKv& kv) = 0;

@@ -64,8 +64,9 @@ with tempfile.TemporaryDirectory() as tmp:
               and "same top-1 token 100.00%" in out and "tokens/s" in err,
               f"text output, self comparison: rc={rc} {out.strip()} {err.strip()[-200:]}")
 
-        # FP8 pages against the float32 run: a measured, small cost; BF16 pages smaller still.
-        for kv, bound in (("fp8", 0.03), ("fp8+calibrated", 0.03), ("bfloat16", 0.01)):
+        # FP8 pages against the float32 run: a measured, small cost; BF16 and INT8 pages smaller still.
+        dnll = {}
+        for kv, bound in (("fp8", 0.03), ("fp8+calibrated", 0.03), ("bfloat16", 0.01), ("int8", 0.01)):
             extra = ["--kv-cache-dtype", kv.split("+")[0]] + (["--calculate-kv-scales"] if "+" in kv else [])
             rc, out, err = run(ppl_args("--json", "--compare", f32_path, *extra))
             if "+" in kv:
@@ -77,6 +78,12 @@ with tempfile.TemporaryDirectory() as tmp:
                       f"dNLL {c['mean_dnll']:+.5f} +/- {c['stderr_dnll']:.5f}, same top-1 {c['same_top1']:.4f}")
                 check(c["ppl_ratio"] != 1.0 and abs(c["ppl_ratio"] - 1) < bound and c["same_top1"] > 0.9,
                       f"{kv} pages: ratio {c['ppl_ratio']} within {bound} of 1, not identical, top-1 mostly the same")
+                dnll[kv] = c["mean_abs_dnll"]
+        # INT8 pages (a scale a row) move each token's NLL less than FP8 pages do.
+        check("int8" in dnll and "fp8" in dnll and dnll["int8"] * 2 < dnll["fp8"],
+              f"INT8 pages closer to float32 than FP8 pages: mean |dNLL| {dnll}")
+        rc, out, err = run(ppl_args("--kv-cache-dtype", "int8", "--calculate-kv-scales"))
+        check(rc == 1 and "needs FP8 KV pages" in err, f"--calculate-kv-scales with int8 pages: rc={rc} {err[-200:]}")
 
     # Bad input: a clear message and exit code 1, never a crash.
     missing = os.path.join(tmp, "missing.txt")

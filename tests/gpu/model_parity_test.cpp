@@ -316,6 +316,22 @@ TEST_P(ModelParity, Fp8KvCacheNearReference) {
 
 // A non-finite weight in a projection fails the FP8 load with an error that
 // names the matrix (no abort): llama_bf16 with one o_proj element set to NaN.
+// INT8 KV pages run on the CPU backend only for now: the CUDA backend
+// refuses them at load with a message that says so (no crash in a kernel).
+TEST(Int8KvLoad, CudaRefusesInt8PagesClearly) {
+  if (harness_on_cpu()) GTEST_SKIP() << "the CPU backend takes INT8 pages";
+  auto be = make_backend(false);
+  ASSERT_NE(be, nullptr);
+  EXPECT_FALSE(be->supports_kv_dtype(DType::kI8));
+  EXPECT_TRUE(be->supports_kv_dtype(DType::kF8E4M3));
+  EXPECT_TRUE(be->supports_kv_dtype(DType::kBF16));
+  auto m = load_model(fixtures_root() + "llama_bf16", *be, "bfloat16", "none", "int8");
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), StatusCode::kUnsupported) << m.status().to_string();
+  EXPECT_NE(m.status().message().find("int8 pages run on the CPU backend"), std::string::npos)
+      << m.status().message();
+}
+
 TEST(Fp8Load, NonFiniteWeightIsAnError) {
   if (harness_on_cpu()) GTEST_SKIP() << "FP8 weights need the CUDA backend";
   auto be = make_backend(false);

@@ -106,10 +106,12 @@ Expected<WeightFormat> weight_format(const std::string& name) {
   return invalid_argument("unknown weight dtype '" + name + "' (known: " + list + ", file)");
 }
 
-Expected<double> kv_dtype_bytes(const std::string& name) {
+Expected<double> kv_dtype_bytes(const std::string& name, int head_dim) {
   const std::string n = lower(name);
   if (n == "bf16" || n == "fp16") return 2.0;
-  if (n == "fp8" || n == "int8") return 1.0;
+  if (n == "fp8") return 1.0;
+  // osprey's int8 pages: a byte a value and an fp32 scale a row of head_dim.
+  if (n == "int8") return 1.0 + 4.0 / std::max(1, head_dim);
   if (n == "fp32") return 4.0;
   return invalid_argument("unknown KV dtype '" + name + "' (known: bf16, fp16, fp8, int8, fp32)");
 }
@@ -213,7 +215,7 @@ Expected<PlanResult> make_plan(const ModelShape& model, const GpuSpec& gpu, cons
   if (o.kv_dtype.empty()) o.kv_dtype = gpu.bf16 ? "bf16" : "fp16";
   o.kv_dtype = lower(o.kv_dtype);
   if (o.kv_dtype == "fp8_e4m3") o.kv_dtype = "fp8";  // serve's other spelling
-  OSP_ASSIGN_OR_RETURN(p.kv_bytes, kv_dtype_bytes(o.kv_dtype));
+  OSP_ASSIGN_OR_RETURN(p.kv_bytes, kv_dtype_bytes(o.kv_dtype, model.head_dim));
   p.kv_dtype = o.kv_dtype;
   if (p.kv_dtype == "fp8" && gpu.tflops_fp8 <= 0) {
     p.notes.push_back("fp8 KV on a GPU without FP8: stored as fp8, converted to 16 bits for attention");

@@ -28,8 +28,9 @@ struct WeightFormat {
 // bf16, fp16, fp32, fp8, int8 (W8A8), int4 (weight-only, W4A16), q8_0, q4_0,
 // q4_1 (GGUF blocks, weight-only); an unknown name is an error listing them.
 Expected<WeightFormat> weight_format(const std::string& name);
-// bf16, fp16, fp8, int8, fp32 -> bytes per element.
-Expected<double> kv_dtype_bytes(const std::string& name);
+// bf16, fp16, fp8, int8, fp32 -> bytes per element (int8: osprey's pages,
+// 1 + 4 / head_dim with each row's fp32 scale).
+Expected<double> kv_dtype_bytes(const std::string& name, int head_dim);
 
 // What the user asked for; empty strings and zeros mean "the default".
 struct PlanOptions {

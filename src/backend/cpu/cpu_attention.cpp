@@ -1,6 +1,7 @@
 // CpuBackend::kv_write and paged_attention over paged KV caches
 //   k, v pages: [num_blocks, block_size, num_kv_heads, head_dim], F32 (or
-//   F16/BF16, or F8_E4M3 with the layer's K and V scales: ops/backend.h).
+//   F16/BF16, F8_E4M3 with the layer's K and V scales, or I8 with a scale
+//   a row: ops/backend.h).
 //
 // Attention is exact two-pass softmax in fp32 per (token, query head): scores
 // for the token's causal window, max, exp and sum, then the weighted sum of V
@@ -27,8 +28,13 @@ const std::array<float, 256>& e4m3_table() {
   return table;
 }
 
-// Row `row` of `len` values from src; F8_E4M3 pages store src * inv_scale.
-void store_row(const float* src, void* base, DType t, int64_t row, int64_t len, float inv_scale) {
+// Row `row` of `len` values from src; F8_E4M3 pages store src * inv_scale,
+// I8 pages int8_row_quantize(src) with its scale at row_scales[row].
+void store_row(const float* src, void* base, DType t, int64_t row, int64_t len, float inv_scale, float* row_scales) {
+  if (t == DType::kI8) {
+    row_scales[row] = int8_row_quantize(src, len, static_cast<int8_t*>(base) + row * len);
+    return;
+  }
   if (t == DType::kF32) {
     std::memcpy(static_cast<float*>(base) + row * len, src, static_cast<size_t>(len) * sizeof(float));
     return;
@@ -74,8 +80,15 @@ void CpuBackend::kv_write(const Tensor& k, const Tensor& v, const ops::Attention
     const int32_t slot = batch.slot_mapping[i];
     if (slot < 0) continue;
     OSP_CHECK_MSG(slot < num_slots, "kv_write: slot " << slot << " beyond " << num_slots);
-    store_row(kp + i * row, kv.k.data(), t, slot, row, k_inv);
-    store_row(vp + i * row, kv.v.data(), t, slot, row, v_inv);
+    if (t == DType::kI8) {  // one scale a (slot, head) row of hd values
+      for (int64_t h = 0; h < hk; ++h) {
+        store_row(kp + i * row + h * hd, kv.k.data(), t, slot * hk + h, hd, 1.0f, kv.k_row_scales.data_as<float>());
+        store_row(vp + i * row + h * hd, kv.v.data(), t, slot * hk + h, hd, 1.0f, kv.v_row_scales.data_as<float>());
+      }
+      continue;
+    }
+    store_row(kp + i * row, kv.k.data(), t, slot, row, k_inv, nullptr);
+    store_row(vp + i * row, kv.v.data(), t, slot, row, v_inv, nullptr);
   }
 }
 
@@ -116,6 +129,8 @@ void CpuBackend::paged_attention(const Tensor& q, const ops::LayerKv& kv, const 
   const DType pt = kv.k.dtype();
   const char* kbase = static_cast<const char*>(kv.k.data());
   const char* vbase = static_cast<const char*>(kv.v.data());
+  const float* k_rs = pt == DType::kI8 ? kv.k_row_scales.data_as<float>() : nullptr;
+  const float* v_rs = pt == DType::kI8 ? kv.v_row_scales.data_as<float>() : nullptr;
   const CpuKernels& kern = *kernels_;
   const int64_t ld = std::max<int64_t>(1, max_len);  // scores row stride
   // One work item = (token, kv head): the group's query heads share every
@@ -128,8 +143,16 @@ void CpuBackend::paged_attention(const Tensor& q, const ops::LayerKv& kv, const 
     // F16/BF16 pages: the run's rows widened (exactly) into buf, then the
     // fp32 kernels; each row's arithmetic is that of an fp32 page holding
     // the same values. F8_E4M3 pages: each value times the scale (one fp32
-    // product).
-    auto widened = [&](const char* base, int64_t r, int64_t cnt, float page_scale) {
+    // product); I8 pages: times its row's scale, row_scales[r + i hk].
+    auto widened = [&](const char* base, int64_t r, int64_t cnt, float page_scale, const float* row_scales) {
+      if (pt == DType::kI8) {
+        for (int64_t i = 0; i < cnt; ++i) {
+          const int8_t* src = reinterpret_cast<const int8_t*>(base) + (r + i * hk) * hd;
+          const float rs = row_scales[r + i * hk];
+          for (int64_t d = 0; d < hd; ++d) buf[i * hd + d] = static_cast<float>(src[d]) * rs;
+        }
+        return static_cast<const float*>(buf);
+      }
       if (pt == DType::kF8E4M3) {
         const std::array<float, 256>& e4m3 = e4m3_table();
         for (int64_t i = 0; i < cnt; ++i) {
@@ -177,7 +200,7 @@ void CpuBackend::paged_attention(const Tensor& q, const ops::LayerKv& kv, const 
           kern.attn_scores(qv, static_cast<int>(group), hd, reinterpret_cast<const float*>(kbase) + r * hd, hk * hd,
                            cnt, scale, scores + off, ld);
         } else {
-          kern.attn_scores(qv, static_cast<int>(group), hd, widened(kbase, r, cnt, kv.k_scale), hd, cnt, scale,
+          kern.attn_scores(qv, static_cast<int>(group), hd, widened(kbase, r, cnt, kv.k_scale, k_rs), hd, cnt, scale,
                            scores + off, ld);
         }
       });
@@ -195,7 +218,7 @@ void CpuBackend::paged_attention(const Tensor& q, const ops::LayerKv& kv, const 
           kern.attn_accum(scores + off, ld, static_cast<int>(group), hd,
                           reinterpret_cast<const float*>(vbase) + r * hd, hk * hd, cnt, o);
         } else {
-          kern.attn_accum(scores + off, ld, static_cast<int>(group), hd, widened(vbase, r, cnt, kv.v_scale), hd, cnt,
+          kern.attn_accum(scores + off, ld, static_cast<int>(group), hd, widened(vbase, r, cnt, kv.v_scale, v_rs), hd, cnt,
                           o);
         }
       });

@@ -4,6 +4,9 @@
 // block sizes 16 and 1 with shuffled (non-contiguous) page ids.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <limits>
 #include <numeric>
 #include <tuple>
 
@@ -379,6 +382,121 @@ TEST_P(AttentionTest, KvWriteF8StoresScaledCodes) {
   EXPECT_EQ(kpages, kexp);
   EXPECT_EQ(vpages, vexp);
   for (int64_t e = 0; e < row; ++e) EXPECT_NE(kpages[static_cast<size_t>(5 * row + e)], 0x11) << e;
+}
+
+// I8 pages with the rows quantised by int8_row_quantize: reading gives
+// q * the row's scale (one fp32 product), so attention over them equals,
+// bit for bit, attention over F32 pages holding those products; prefill
+// and decode rows, GQA, windows, one-slot pages, odd head dims. A wrong
+// scale (each row read with its neighbour head's) changes the outputs.
+TEST_P(AttentionTest, I8PagesBitIdenticalToF32PagesOfTheirValues) {
+  auto be = make_backend(GetParam());
+  uint32_t seed = 171;
+  for (auto [bs, hq, hk, hd, window] : {std::tuple<int64_t, int64_t, int64_t, int64_t, int>{16, 9, 3, 64, 0},
+                                        {1, 8, 2, 64, 5},
+                                        {4, 6, 2, 13, 0},
+                                        {16, 32, 8, 128, 9}}) {
+    PagedSetup p = make_setup({{40, 1}, {23, 23}, {17, 2}}, bs, hk, hd, DType::kF32, seed++);
+    const int64_t rows = p.num_blocks * bs * hk;
+    std::vector<int8_t> k8(static_cast<size_t>(rows * hd)), v8(k8.size());
+    std::vector<float> ks(static_cast<size_t>(rows)), vs(ks.size()), k32(k8.size()), v32(k8.size());
+    const float* kp = reinterpret_cast<const float*>(p.kpages.data());
+    const float* vp = reinterpret_cast<const float*>(p.vpages.data());
+    for (int64_t r = 0; r < rows; ++r) {
+      ks[static_cast<size_t>(r)] = int8_row_quantize(kp + r * hd, hd, k8.data() + r * hd);
+      vs[static_cast<size_t>(r)] = int8_row_quantize(vp + r * hd, hd, v8.data() + r * hd);
+      for (int64_t d = 0; d < hd; ++d) {
+        const size_t i = static_cast<size_t>(r * hd + d);
+        k32[i] = static_cast<float>(k8[i]) * ks[static_cast<size_t>(r)];
+        v32[i] = static_cast<float>(v8[i]) * vs[static_cast<size_t>(r)];
+      }
+    }
+    const int64_t n = p.batch.num_tokens;
+    const auto q = random_floats(static_cast<size_t>(n * hq * hd), seed++, -2.0f, 2.0f);
+    std::vector<float> out_i8(q.size(), -1.0f), out_f32(q.size(), -2.0f);
+    Tensor qt(const_cast<float*>(q.data()), DType::kF32, {n, hq, hd});
+    Tensor o8(out_i8.data(), DType::kF32, {n, hq, hd});
+    Tensor of(out_f32.data(), DType::kF32, {n, hq, hd});
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    ops::LayerKv kv8;
+    kv8.k = Tensor(k8.data(), DType::kI8, {p.num_blocks, bs, hk, hd});
+    kv8.v = Tensor(v8.data(), DType::kI8, {p.num_blocks, bs, hk, hd});
+    kv8.k_row_scales = Tensor(ks.data(), DType::kF32, {p.num_blocks, bs, hk});
+    kv8.v_row_scales = Tensor(vs.data(), DType::kF32, {p.num_blocks, bs, hk});
+    be->paged_attention(qt, kv8, p.batch, scale, window, o8);
+    ops::LayerKv kv32;
+    kv32.k = Tensor(k32.data(), DType::kF32, {p.num_blocks, bs, hk, hd});
+    kv32.v = Tensor(v32.data(), DType::kF32, {p.num_blocks, bs, hk, hd});
+    be->paged_attention(qt, kv32, p.batch, scale, window, of);
+    EXPECT_EQ(out_i8, out_f32) << "bs=" << bs << " hq=" << hq << " hk=" << hk << " hd=" << hd;
+    // And the quantisation is close: within 2% of the float64 reference on the unrounded values.
+    expect_close(out_i8, ref_attention(p, q, hq, scale, window), 2e-2, "I8 pages against the float values");
+    std::rotate(vs.begin(), vs.begin() + 1, vs.end());
+    be->paged_attention(qt, kv8, p.batch, scale, window, o8);
+    EXPECT_NE(out_i8, out_f32);
+  }
+}
+
+// kv_write into I8 pages: each (token, KV head) row of hd values as
+// int8_row_quantize gives it (checked against the formula here), its scale
+// at slot * hk + head; skipped slots keep their bytes and scales; a zero
+// row gets scale 0, a row with a NaN scale NaN.
+TEST_P(AttentionTest, KvWriteI8StoresRowsWithTheirScales) {
+  auto be = make_backend(GetParam());
+  const int64_t nb = 3, bs = 4, hk = 2, hd = 16, row = hk * hd;
+  std::vector<int8_t> kpages(static_cast<size_t>(nb * bs * row), 17), vpages = kpages;
+  std::vector<float> kscales(static_cast<size_t>(nb * bs * hk), -3.0f), vscales = kscales;
+  ops::LayerKv kv;
+  kv.k = Tensor(kpages.data(), DType::kI8, {nb, bs, hk, hd});
+  kv.v = Tensor(vpages.data(), DType::kI8, {nb, bs, hk, hd});
+  kv.k_row_scales = Tensor(kscales.data(), DType::kF32, {nb, bs, hk});
+  kv.v_row_scales = Tensor(vscales.data(), DType::kF32, {nb, bs, hk});
+  const std::vector<int32_t> slots = {5, -1, 11, 0};
+  const int64_t n = static_cast<int64_t>(slots.size());
+  auto k = random_floats(static_cast<size_t>(n * row), 41, -200.0f, 200.0f);
+  auto v = random_floats(static_cast<size_t>(n * row), 42, -3.0f, 3.0f);
+  for (int64_t d = 0; d < hd; ++d) k[static_cast<size_t>(2 * row + hd + d)] = 0.0f;  // token 2, head 1: zeros
+  v[static_cast<size_t>(3 * row + 4)] = std::numeric_limits<float>::quiet_NaN();      // token 3, head 0
+  ops::AttentionBatch batch;
+  batch.num_tokens = static_cast<int>(n);
+  batch.slot_mapping = slots.data();
+  Tensor kt(k.data(), DType::kF32, {n, hk, hd});
+  Tensor vt(v.data(), DType::kF32, {n, hk, hd});
+  be->kv_write(kt, vt, batch, kv);
+  std::vector<int8_t> kexp(kpages.size(), 17), vexp(kpages.size(), 17);
+  std::vector<float> ksexp(kscales.size(), -3.0f), vsexp(kscales.size(), -3.0f);
+  auto expect_row = [&](const float* x, int8_t* q, float* s) {
+    float amax = 0.0f;
+    bool finite = true;
+    for (int64_t d = 0; d < hd; ++d) {
+      amax = std::max(amax, std::fabs(x[d]));
+      finite = finite && std::isfinite(x[d]);
+    }
+    *s = finite ? amax / 127.0f : std::numeric_limits<float>::quiet_NaN();
+    for (int64_t d = 0; d < hd; ++d) q[d] = static_cast<int8_t>(finite && amax > 0 ? std::nearbyint(x[d] / *s) : 0.0f);
+  };
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t slot = slots[static_cast<size_t>(i)];
+    if (slot < 0) continue;
+    for (int64_t h = 0; h < hk; ++h) {
+      const int64_t r = slot * hk + h;
+      expect_row(k.data() + i * row + h * hd, kexp.data() + r * hd, ksexp.data() + r);
+      expect_row(v.data() + i * row + h * hd, vexp.data() + r * hd, vsexp.data() + r);
+    }
+  }
+  EXPECT_EQ(kpages, kexp);
+  EXPECT_EQ(vpages, vexp);
+  for (size_t r = 0; r < kscales.size(); ++r) {
+    if (std::isnan(vsexp[r])) {
+      EXPECT_TRUE(std::isnan(vscales[r])) << r;
+    } else {
+      EXPECT_EQ(vscales[r], vsexp[r]) << r;
+    }
+    EXPECT_EQ(kscales[r], ksexp[r]) << r;
+  }
+  EXPECT_EQ(kscales[static_cast<size_t>(11 * hk + 1)], 0.0f);
+  EXPECT_TRUE(std::isnan(vscales[0]));
+  EXPECT_EQ(kscales[static_cast<size_t>(1 * hk)], -3.0f);  // slot 1: not written
 }
 
 INSTANTIATE_TEST_SUITE_P(Variants, AttentionTest, testing::ValuesIn(all_variants()), variant_name);

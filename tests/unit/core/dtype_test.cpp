@@ -1,7 +1,9 @@
 // quantize_row / dequantize_row: round trip within each format's step size.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <random>
 #include <vector>
@@ -178,6 +180,64 @@ TEST(F8E4M3, RowHelpersAndWeightLayout) {
   EXPECT_EQ(fp8_scale_offset(3, 5), 256);
   EXPECT_EQ(fp8_scale_offset(4096, 4096), 4096 * 4096);
   EXPECT_EQ(fp8_weight_bytes(4096, 4096), 4096 * 4096 + 256);
+}
+
+// int8_row_quantize (INT8 KV pages): s = amax / 127, q = x / s to the
+// nearest integer with ties to even, |x - s q| <= s / 2, the largest
+// magnitude at +-127; zero rows give s = 0; a NaN or infinity makes the
+// whole row NaN on reading (s NaN, q 0).
+TEST(I8Row, QuantizesWithTheRowsOwnScale) {
+  {
+    const std::vector<float> x = {127.0f, 63.5f, -0.5f, 1.5f, 0.0f, -127.0f, 2.5f, -64.5f};
+    std::vector<int8_t> q(x.size(), 99);
+    EXPECT_EQ(int8_row_quantize(x.data(), static_cast<int64_t>(x.size()), q.data()), 1.0f);
+    const std::vector<int8_t> want = {127, 64, 0, 2, 0, -127, 2, -64};  // ties to even
+    EXPECT_EQ(q, want);
+  }
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int n = 1 + trial % 130;
+    const float mag = std::ldexp(1.0f, trial % 40 - 20);
+    std::uniform_real_distribution<float> d(-mag, mag);
+    std::vector<float> x(static_cast<size_t>(n));
+    for (auto& v : x) v = d(rng);
+    std::vector<int8_t> q(x.size());
+    const float s = int8_row_quantize(x.data(), n, q.data());
+    float amax = 0.0f;
+    for (float v : x) amax = std::max(amax, std::fabs(v));
+    ASSERT_EQ(s, amax / 127.0f);
+    int top = 0;
+    for (int i = 0; i < n; ++i) {
+      const float xi = x[static_cast<size_t>(i)];
+      const int qi = q[static_cast<size_t>(i)];
+      ASSERT_GE(qi, -127);
+      ASSERT_EQ(static_cast<float>(qi), std::nearbyint(xi / s)) << i;
+      ASSERT_LE(std::fabs(xi - s * static_cast<float>(qi)), 0.5f * s * (1.0f + 1e-5f)) << i;
+      top = std::max(top, std::abs(qi));
+    }
+    EXPECT_EQ(top, kI8RowMax);
+  }
+  std::vector<float> zeros(16, 0.0f);
+  std::vector<int8_t> q(16, 5);
+  EXPECT_EQ(int8_row_quantize(zeros.data(), 16, q.data()), 0.0f);
+  EXPECT_EQ(q, std::vector<int8_t>(16, 0));
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                    -std::numeric_limits<float>::infinity()}) {
+    std::vector<float> x = {1.0f, 2.0f, bad, 3.0f};
+    std::vector<int8_t> r(4, 5);
+    EXPECT_TRUE(std::isnan(int8_row_quantize(x.data(), 4, r.data())));
+    EXPECT_EQ(r, std::vector<int8_t>(4, 0));
+  }
+  // The plain I8 row helpers: values as integers, no scale.
+  const std::vector<float> v = {0.4f, -1.6f, 300.0f, -300.0f, 2.5f};
+  std::vector<int8_t> c(v.size());
+  quantize_row(DType::kI8, v.data(), c.data(), static_cast<int64_t>(v.size()));
+  std::vector<float> back(v.size());
+  dequantize_row(DType::kI8, c.data(), back.data(), static_cast<int64_t>(v.size()));
+  EXPECT_EQ(back, (std::vector<float>{0.0f, -2.0f, 127.0f, -127.0f, 2.0f}));
+  EXPECT_EQ(dtype_row_bytes(DType::kI8, 128), 128);
+  EXPECT_EQ(dtype_name(DType::kI8), "I8");
+  EXPECT_FALSE(dtype_from_name("I8").has_value());  // not accepted from files
 }
 
 }  // namespace

@@ -244,7 +244,7 @@ TEST(Fp8Kv, OptionNamesAndPageBytes) {
     EXPECT_EQ((*m)->kv_k_scale(0), 1.0f);
     EXPECT_EQ((*m)->kv_v_scale(1), 1.0f);
   }
-  auto bad = load(dir, *backend, "int8");
+  auto bad = load(dir, *backend, "int4");
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(bad.status().message().find("fp8"), std::string::npos) << bad.status().message();
