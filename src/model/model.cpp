@@ -637,11 +637,6 @@ Expected<std::unique_ptr<Model>> Model::load(const std::string& path, ops::Backe
                                                            : " (use float32, bfloat16 or float16)"));
   }
   OSP_ASSIGN_OR_RETURN(DType kv_dtype, parse_kv_dtype_option(options.kv_cache_dtype, act));
-  if (!backend.supports_kv_dtype(kv_dtype)) {
-    return unsupported(std::string("the ") + backend.name() + " backend has no " + std::string(dtype_name(kv_dtype)) +
-                       " KV pages" +
-                       (kv_dtype == DType::kI8 ? " yet (int8 pages run on the CPU backend; use fp8 here)" : ""));
-  }
   if (!options.quantization.empty() && options.quantization != "none" && options.quantization != "fp8") {
     return invalid_argument("quantization must be none or fp8, got '" + options.quantization + "'");
   }
@@ -680,6 +675,14 @@ Expected<std::unique_ptr<Model>> Model::load(const std::string& path, ops::Backe
     return unsupported(path + ": architecture '" + c.architecture + "' is not supported (supported: " + list + ")");
   }
   if (c.head_dim > 256) return unsupported(path + ": head_dim " + std::to_string(c.head_dim) + " exceeds 256");
+  if (!backend.supports_kv_dtype(kv_dtype, act, c.head_dim, c.num_heads / std::max(1, c.num_kv_heads))) {
+    return unsupported(std::string("the ") + backend.name() + " backend has no " + std::string(dtype_name(kv_dtype)) +
+                       " KV pages for this model" +
+                       (kv_dtype == DType::kI8
+                            ? " (int8 pages on CUDA need bfloat16 or float16 compute and head_dim 64 or 128; the CPU "
+                              "backend takes any)"
+                            : ""));
+  }
 
   // Statistics for `osprey info` (dummy weights are counted as they are made).
   for (const auto& [name, t] : m.weights.tensors) {
@@ -808,8 +811,8 @@ KvCache Model::allocate_kv_as(int num_blocks, int block_size, DType page_dtype) 
       void* ks = backend_->alloc(scale_bytes);
       void* vs = backend_->alloc(scale_bytes);
       OSP_CHECK_MSG(ks && vs, "out of " << backend_->name() << " memory for " << num_blocks << " KV pages' row scales");
-      layer.k_row_scales = Tensor(ks, DType::kF32, {num_blocks, block_size, c.num_kv_heads}, backend_->device());
-      layer.v_row_scales = Tensor(vs, DType::kF32, {num_blocks, block_size, c.num_kv_heads}, backend_->device());
+      layer.k_row_scales = Tensor(ks, DType::kF32, {num_blocks, c.num_kv_heads, block_size}, backend_->device());
+      layer.v_row_scales = Tensor(vs, DType::kF32, {num_blocks, c.num_kv_heads, block_size}, backend_->device());
     }
     kv.layers.push_back(layer);
   }

@@ -83,10 +83,11 @@ struct AttentionBatch {
 // I8 pages hold each row of head_dim values (one token, one KV head) as
 // int8_row_quantize(x) (core/dtype.h): int8 q under the row's own fp32
 // scale s = amax / 127, kept in k_row_scales / v_row_scales
-// [num_blocks, block_size, num_kv_heads] F32 at the row's index
-// (slot * num_kv_heads + head); reads give q * s (one fp32 product). The
-// row scale tensors are defined for I8 pages only, and move with their
-// pages (page_tensors).
+// [num_blocks, num_kv_heads, block_size] F32 at kv_row_scale_index(slot,
+// head) (a page's scales of one head side by side, as a kernel reading a
+// page's keys of one head wants them); reads give q * s (one fp32
+// product). The row scale tensors are defined for I8 pages only, and move
+// with their pages (page_tensors).
 struct LayerKv {
   Tensor k;
   Tensor v;
@@ -105,6 +106,12 @@ struct LayerKv {
     return t;
   }
 };
+
+// Where the row scale of (slot = page * block_size + offset, KV head) lives
+// in an I8 layer's k_row_scales / v_row_scales.
+constexpr int64_t kv_row_scale_index(int64_t slot, int64_t head, int64_t num_kv_heads, int64_t block_size) {
+  return (slot / block_size * num_kv_heads + head) * block_size + slot % block_size;
+}
 
 // The KV page dtypes: F32, F16, BF16, F8_E4M3, I8.
 constexpr bool is_kv_page_dtype(DType t) {
@@ -291,14 +298,21 @@ class Backend {
       OSP_CHECK_MSG(s->defined() == i8, "KV row scales go with I8 pages only");
       if (!i8) continue;
       OSP_CHECK_MSG(s->dtype() == DType::kF32 && s->ndim() == 3 && kv.k.ndim() == 4 && s->dim(0) == kv.k.dim(0) &&
-                        s->dim(1) == kv.k.dim(1) && s->dim(2) == kv.k.dim(2),
-                    "I8 KV row scales must be F32 [num_blocks, block_size, num_kv_heads] of their pages");
+                        s->dim(1) == kv.k.dim(2) && s->dim(2) == kv.k.dim(1),
+                    "I8 KV row scales must be F32 [num_blocks, num_kv_heads, block_size] of their pages");
     }
   }
 
   // Whether kv_write, paged_attention and qkv_rope_kv_write take pages of
-  // dtype t (is_kv_page_dtype). This default: every page dtype but I8.
-  virtual bool supports_kv_dtype(DType t) const { return is_kv_page_dtype(t) && t != DType::kI8; }
+  // dtype kv (is_kv_page_dtype) for a model computing in act with this
+  // head_dim and `group` query heads per KV head. This default: every page
+  // dtype but I8.
+  virtual bool supports_kv_dtype(DType kv, DType act, int head_dim, int group) const {
+    (void)act;
+    (void)head_dim;
+    (void)group;
+    return is_kv_page_dtype(kv) && kv != DType::kI8;
+  }
 
   // Writes k, v [n, hk, hd] into the layer's pages at batch.slot_mapping.
   virtual void kv_write(const Tensor& k, const Tensor& v, const AttentionBatch& batch, LayerKv& kv) = 0;

@@ -137,7 +137,9 @@ class ProfilingBackend final : public Backend {
   void scale_columns(Tensor& w, const Tensor& scale) override { inner_->scale_columns(w, scale); }
   // FP8 weights: as the inner backend (the conversion runs at load, untimed).
   bool supports_fp8_weights(DType act) const override { return inner_->supports_fp8_weights(act); }
-  bool supports_kv_dtype(DType t) const override { return inner_->supports_kv_dtype(t); }
+  bool supports_kv_dtype(DType kv, DType act, int head_dim, int group) const override {
+    return inner_->supports_kv_dtype(kv, act, head_dim, group);
+  }
   Status quantize_weight_fp8(const Tensor& w, Tensor& q) override { return inner_->quantize_weight_fp8(w, q); }
   void rms_scaled_qkv_rope_kv_write(const Tensor& x, float x_eps, const Tensor& qkv, const Tensor& qkv_bias,
                                     const Tensor& q_norm, const Tensor& k_norm, float eps, const RopeTable& rope,

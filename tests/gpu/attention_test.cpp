@@ -8,7 +8,9 @@
 // repeated and replayed from a CUDA graph (its counters reset every launch);
 // F8_E4M3 pages with K and V scales (decode, prefill and mixed steps, every
 // kernel family, kv_write bit for bit).
+#include <limits>
 #include <numeric>
+#include <optional>
 
 #include "gpu_test_util.h"
 #include "ops/decode_order.h"
@@ -177,16 +179,23 @@ struct BothOutputs {
   std::vector<float> ref;
   std::vector<uint8_t> gpu;
 };
+// I8 pages: krs / vrs their row scales [num_blocks * block_size * hk].
 BothOutputs run_on_both(ops::Backend& gpu, ops::Backend& cpu, const Config& c, const Batch& h, std::vector<uint8_t>& kp,
                         std::vector<uint8_t>& vp, DType act, const std::vector<uint8_t>& qb, std::vector<float>& qr,
-                        int window, float k_scale = 1.0f, float v_scale = 1.0f) {
+                        int window, float k_scale = 1.0f, float v_scale = 1.0f, std::vector<float>* krs = nullptr,
+                        std::vector<float>* vrs = nullptr) {
   const int64_t n = h.num_tokens();
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
   BothOutputs r;
   r.ref.resize(qr.size());
+  const bool i8 = c.kv_dtype == DType::kI8;
   {
     ops::LayerKv kv{Tensor(kp.data(), c.kv_dtype, {h.num_blocks, c.block_size, c.hk, c.hd}),
                     Tensor(vp.data(), c.kv_dtype, {h.num_blocks, c.block_size, c.hk, c.hd}), k_scale, v_scale};
+    if (i8) {
+      kv.k_row_scales = Tensor(krs->data(), DType::kF32, {h.num_blocks, c.hk, c.block_size});
+      kv.v_row_scales = Tensor(vrs->data(), DType::kF32, {h.num_blocks, c.hk, c.block_size});
+    }
     Tensor qt(qr.data(), DType::kF32, {n, c.hq, c.hd}), ot(r.ref.data(), DType::kF32, {n, c.hq, c.hd});
     const ops::AttentionBatch b = h.host();
     cpu.paged_attention(qt, kv, b, scale, window, ot);
@@ -198,6 +207,13 @@ BothOutputs run_on_both(ops::Backend& gpu, ops::Backend& cpu, const Config& c, c
   ops::LayerKv kv{Tensor(gk.get(), c.kv_dtype, {h.num_blocks, c.block_size, c.hk, c.hd}, Device::kCuda),
                   Tensor(gv.get(), c.kv_dtype, {h.num_blocks, c.block_size, c.hk, c.hd}, Device::kCuda), k_scale,
                   v_scale};
+  std::optional<DeviceMem> gks, gvs;
+  if (i8) {
+    gks.emplace(upload(gpu, *krs));
+    gvs.emplace(upload(gpu, *vrs));
+    kv.k_row_scales = Tensor(gks->get(), DType::kF32, {h.num_blocks, c.hk, c.block_size}, Device::kCuda);
+    kv.v_row_scales = Tensor(gvs->get(), DType::kF32, {h.num_blocks, c.hk, c.block_size}, Device::kCuda);
+  }
   Tensor qt = dev_tensor(gq, act, {n, c.hq, c.hd}), ot = dev_tensor(go, act, {n, c.hq, c.hd});
   gpu.paged_attention(qt, kv, db.b, scale, window, ot);
   r.gpu = download<uint8_t>(gpu, go, qb.size());
@@ -562,6 +578,167 @@ TEST_F(AttentionTest, KvWriteMatchesCpu) {
       gpu().kv_write(kt, vt, db.b, kv);
       EXPECT_EQ(download<uint8_t>(gpu(), gkp, kp.size()), rk) << "K pages " << tag(c, 0, kMixed);
       EXPECT_EQ(download<uint8_t>(gpu(), gvp, vp.size()), rv) << "V pages " << tag(c, 0, kMixed);
+    }
+  }
+}
+
+// ---- I8 pages (a scale a row) ---------------------------------------------------------
+// Pages of int8_row_quantize'd rows whose magnitudes differ by row (K rows
+// 0.03 .. 2, V rows 1e-5 .. 30, some rows all zero), so each row's own
+// scale matters, and the V scales span the range where P times a scale
+// would leave half's normal range (the decode kernel's m'). (K rows up to
+// 30 make scores of hundreds, where the prefill kernel's K in bf16 -- as
+// with BF16 pages -- moves the softmax beyond this test's bounds.)
+struct I8Pages {
+  std::vector<uint8_t> k, v;
+  std::vector<float> ks, vs;
+};
+I8Pages i8_pages(const Config& c, int64_t num_blocks, uint32_t seed) {
+  const int64_t rows = num_blocks * c.block_size * c.hk;
+  I8Pages p;
+  p.k.resize(static_cast<size_t>(rows * c.hd));
+  p.v.resize(p.k.size());
+  p.ks.resize(static_cast<size_t>(rows));
+  p.vs.resize(p.ks.size());
+  const auto kmag = random_floats(static_cast<size_t>(rows), seed, -1.5f, 0.3f);
+  const auto vmag = random_floats(static_cast<size_t>(rows), seed + 1, -5.0f, 1.5f);
+  const auto kf = random_floats(p.k.size(), seed + 2, -1.0f, 1.0f);
+  const auto vf = random_floats(p.v.size(), seed + 3, -1.0f, 1.0f);
+  std::vector<float> row(static_cast<size_t>(c.hd));
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int pass = 0; pass < 2; ++pass) {
+      const float m = r % 23 == 5 ? 0.0f : std::pow(10.0f, (pass ? vmag : kmag)[static_cast<size_t>(r)]);
+      const auto& f = pass ? vf : kf;
+      for (int d = 0; d < c.hd; ++d) row[static_cast<size_t>(d)] = m * f[static_cast<size_t>(r * c.hd + d)];
+      auto& q = pass ? p.v : p.k;  // row r = slot * hk + head; its scale at kv_row_scale_index
+      (pass ? p.vs : p.ks)[static_cast<size_t>(ops::kv_row_scale_index(r / c.hk, r % c.hk, c.hk, c.block_size))] =
+          int8_row_quantize(row.data(), c.hd, reinterpret_cast<int8_t*>(q.data()) + r * c.hd);
+    }
+  }
+  return p;
+}
+
+// One step over such pages with q / out of dtype act (BF16 or F16: the
+// tensor-core decode kernel and the mma.sync prefill kernel's I8 variant),
+// against the CPU backend on the same pages and the same (rounded) q. The
+// CPU reads q * s in fp32; the GPU's decode kernel takes the int8 values
+// exactly (in half) with the scales in fp32 and P' in half, its prefill
+// kernel q * s rounded to act.
+void check_i8(ops::Backend& gpu, ops::Backend& cpu, DType act, Config c, const std::vector<SeqSpec>& seqs, int window,
+              uint32_t seed) {
+  c.kv_dtype = DType::kI8;
+  const std::string what = std::string(dtype_name(act)) + " q, I8 pages, " + tag(c, window, seqs);
+  Batch h(seqs, c.block_size, seed);
+  const int64_t n = h.num_tokens();
+  I8Pages p = i8_pages(c, h.num_blocks, seed + 1);
+  const auto qf = random_floats(static_cast<size_t>(n * c.hq * c.hd), seed + 3, -2.0f, 2.0f);
+  const auto qb = pack(act, qf, 1, static_cast<int64_t>(qf.size()));
+  const auto qd = unpack(act, qb, 1, static_cast<int64_t>(qf.size()));
+  std::vector<float> qr(qd.begin(), qd.end());
+  const BothOutputs o = run_on_both(gpu, cpu, c, h, p.k, p.v, act, qb, qr, window, 1.0f, 1.0f, &p.ks, &p.vs);
+  const auto got = unpack(act, o.gpu, 1, static_cast<int64_t>(qr.size()));
+  if (act == DType::kBF16) {
+    expect_close(got, o.ref, 5e-5, 2e-2, what);
+  } else {
+    expect_close(got, o.ref, 3e-6, 4e-3, what);
+  }
+}
+
+TEST_F(AttentionTest, I8PagesDecodeAcrossGroupsHeadDimsAndBlockSizes) {
+  uint32_t seed = 2300;
+  for (DType act : {DType::kBF16, DType::kF16}) {
+    for (Config c :
+         {Config{8, 8, 128, 16, act}, Config{32, 8, 128, 16, act}, Config{16, 2, 128, 16, act},
+          Config{4, 4, 64, 16, act}, Config{8, 4, 64, 7, act}, Config{16, 2, 64, 1, act}, Config{32, 8, 128, 5, act}}) {
+      std::vector<SeqSpec> seqs;
+      for (int len : kDecodeLens) seqs.push_back({1, len});
+      check_i8(gpu(), cpu(), act, c, seqs, 0, seed += 7);
+      check_i8(gpu(), cpu(), act, c, seqs, 100, seed += 7);
+    }
+    check_i8(gpu(), cpu(), act, Config{32, 8, 128, 16, act}, {{1, 20000}}, 0, seed += 7);  // many splits
+  }
+}
+
+TEST_F(AttentionTest, I8PagesPrefillAndMixedSteps) {
+  uint32_t seed = 2500;
+  for (DType act : {DType::kBF16, DType::kF16}) {
+    for (Config c : {Config{32, 8, 128, 16, act}, Config{8, 2, 64, 16, act}, Config{9, 3, 128, 7, act}}) {
+      check_i8(gpu(), cpu(), act, c, kMixed, 0, seed += 7);
+      check_i8(gpu(), cpu(), act, c, kMixed, 9, seed += 7);
+      check_i8(gpu(), cpu(), act, c, {{1, 300}, {1, 47}, {64, 1000}, {200, 200}}, 0, seed += 7);
+      check_i8(gpu(), cpu(), act, c, {{700, 700}}, 0, seed += 7);
+      check_i8(gpu(), cpu(), act, c, {{2048, 2048}}, 0, seed += 7);
+      check_i8(gpu(), cpu(), act, c, {{512, 512}, {512, 1024}, {300, 512}, {512, 600}, {1, 5}}, 0, seed += 7);
+    }
+  }
+}
+
+// kv_write into I8 pages: codes and row scales bit for bit the CPU's
+// (int8_row_quantize), rows of very different magnitudes, a zero row, a
+// row with a NaN (scale NaN, codes 0), skipped slots untouched.
+TEST_F(AttentionTest, KvWriteI8MatchesCpu) {
+  uint32_t seed = 900;
+  for (DType act : {DType::kF32, DType::kBF16}) {
+    for (Config c : {Config{4, 2, 64, 16, act}, Config{9, 3, 80, 7, act}, Config{32, 8, 128, 16, act}}) {
+      Batch h(kMixed, c.block_size, seed++);
+      h.slots[1] = -1;
+      const int64_t n = h.num_tokens();
+      const int64_t rows = h.num_blocks * c.block_size * c.hk;
+      std::vector<uint8_t> kp(static_cast<size_t>(rows * c.hd), 0x5a), vp = kp;
+      std::vector<float> ksc(static_cast<size_t>(rows), -7.0f), vsc = ksc;
+      auto k = random_floats(static_cast<size_t>(n * c.hk * c.hd), seed++, -3.0f, 3.0f);
+      auto v = random_floats(static_cast<size_t>(n * c.hk * c.hd), seed++, -3.0f, 3.0f);
+      for (int64_t r = 0; r < n * c.hk; ++r) {  // row magnitudes 1e-4 .. 1e2
+        const float m = std::pow(10.0f, static_cast<float>(r % 7) - 4.0f);
+        for (int d = 0; d < c.hd; ++d) k[static_cast<size_t>(r * c.hd + d)] *= m;
+      }
+      for (int d = 0; d < c.hd; ++d) v[static_cast<size_t>(d)] = 0.0f;  // token 0, head 0: a zero row
+      v[static_cast<size_t>(2 * c.hk * c.hd + 3)] = std::numeric_limits<float>::quiet_NaN();  // token 2, head 0
+      // Values as the activation dtype holds them (the GPU reads act; the CPU reference reads these floats).
+      auto as_act = [&](std::vector<float>& x) {
+        const auto r = unpack(act, pack(act, x, 1, static_cast<int64_t>(x.size())), 1, static_cast<int64_t>(x.size()));
+        for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(r[i]);
+      };
+      as_act(k);
+      as_act(v);
+      std::vector<uint8_t> rk = kp, rv = vp;
+      std::vector<float> rks = ksc, rvs = vsc;
+      {
+        ops::LayerKv kv;
+        kv.k = Tensor(rk.data(), DType::kI8, {h.num_blocks, c.block_size, c.hk, c.hd});
+        kv.v = Tensor(rv.data(), DType::kI8, {h.num_blocks, c.block_size, c.hk, c.hd});
+        kv.k_row_scales = Tensor(rks.data(), DType::kF32, {h.num_blocks, c.hk, c.block_size});
+        kv.v_row_scales = Tensor(rvs.data(), DType::kF32, {h.num_blocks, c.hk, c.block_size});
+        Tensor kt(k.data(), DType::kF32, {n, c.hk, c.hd}), vt(v.data(), DType::kF32, {n, c.hk, c.hd});
+        const ops::AttentionBatch b = h.host();
+        cpu().kv_write(kt, vt, b, kv);
+      }
+      DeviceAttentionBatch db(gpu(), h);
+      const auto kb = pack(act, k, 1, static_cast<int64_t>(k.size())), vb = pack(act, v, 1, static_cast<int64_t>(v.size()));
+      DeviceMem gkp = upload(gpu(), kp), gvp = upload(gpu(), vp), gk = upload(gpu(), kb), gv = upload(gpu(), vb);
+      DeviceMem gks = upload(gpu(), ksc), gvs = upload(gpu(), vsc);
+      ops::LayerKv kv;
+      kv.k = Tensor(gkp.get(), DType::kI8, {h.num_blocks, c.block_size, c.hk, c.hd}, Device::kCuda);
+      kv.v = Tensor(gvp.get(), DType::kI8, {h.num_blocks, c.block_size, c.hk, c.hd}, Device::kCuda);
+      kv.k_row_scales = Tensor(gks.get(), DType::kF32, {h.num_blocks, c.hk, c.block_size}, Device::kCuda);
+      kv.v_row_scales = Tensor(gvs.get(), DType::kF32, {h.num_blocks, c.hk, c.block_size}, Device::kCuda);
+      Tensor kt = dev_tensor(gk, act, {n, c.hk, c.hd}), vt = dev_tensor(gv, act, {n, c.hk, c.hd});
+      gpu().kv_write(kt, vt, db.b, kv);
+      const std::string what = std::string(dtype_name(act)) + " " + tag(c, 0, kMixed);
+      EXPECT_EQ(download<uint8_t>(gpu(), gkp, kp.size()), rk) << "K pages " << what;
+      EXPECT_EQ(download<uint8_t>(gpu(), gvp, vp.size()), rv) << "V pages " << what;
+      const auto gotk = download<float>(gpu(), gks, ksc.size()), gotv = download<float>(gpu(), gvs, vsc.size());
+      int nans = 0;
+      for (size_t r = 0; r < ksc.size(); ++r) {
+        EXPECT_EQ(gotk[r], rks[r]) << "K scale " << r << " " << what;
+        if (std::isnan(rvs[r])) {
+          ++nans;
+          EXPECT_TRUE(std::isnan(gotv[r])) << "V scale " << r << " " << what;
+        } else {
+          EXPECT_EQ(gotv[r], rvs[r]) << "V scale " << r << " " << what;
+        }
+      }
+      EXPECT_EQ(nans, 1) << what;
     }
   }
 }

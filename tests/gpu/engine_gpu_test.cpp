@@ -310,6 +310,64 @@ TEST(ExecutorGpu, CalibratedKvScalesMatchTheCpu) {
   EXPECT_LT(err / norm, 2e-2);
 }
 
+// INT8 KV pages on the GPU through the executor: prompt logits (the prefill
+// kernel's I8 variant) and a decode step (a graph replay of the decode
+// kernel's) close to BF16 pages', and closer than FP8 pages' (scale 1).
+TEST(ExecutorGpu, Int8KvPagesNearBf16Pages) {
+  REQUIRE_MODEL();
+  auto run = [&](const std::string& kv) {
+    std::vector<float> rows;
+    auto be = cuda::make_cuda_backend(cuda::CudaBackendOptions{});
+    EXPECT_NE(be, nullptr);
+    if (!be) return rows;
+    ModelLoadOptions load;
+    load.kv_cache_dtype = kv;
+    auto model = Model::load(path, *be, load);
+    EXPECT_TRUE(model.ok()) << kv << ": " << model.status().to_string();
+    if (!model.ok()) return rows;
+    auto exec = std::make_unique<ModelExecutor>(std::move(be), std::move(*model));
+    exec->set_limits(4, kPagesPerSeq * kBlock);
+    EXPECT_TRUE(exec->initialize(4 * kPagesPerSeq, kBlock, 512, 8).ok());
+    EXPECT_TRUE(exec->graphs_enabled());
+    std::vector<Seq> seqs = make_seqs(4, exec->vocab_size(), 78);
+    std::vector<Seq*> ptrs;
+    for (auto& s : seqs) ptrs.push_back(&s);
+    auto r = exec->execute(make_step(ptrs));
+    EXPECT_TRUE(r.ok()) << r.status().to_string();
+    if (!r.ok()) return rows;
+    rows = host_rows(*r, 4, exec->vocab_size());
+    for (auto& s : seqs) {
+      s.computed = static_cast<int>(s.tokens.size());
+      s.tokens.push_back(1);
+    }
+    const int64_t replays = exec->num_graph_replays();
+    auto d = exec->execute(make_step(ptrs));
+    EXPECT_TRUE(d.ok()) << d.status().to_string();
+    if (!d.ok()) return rows;
+    EXPECT_GT(exec->num_graph_replays(), replays) << kv << ": the decode step ran as a graph";
+    const std::vector<float> dec = host_rows(*d, 4, exec->vocab_size());
+    rows.insert(rows.end(), dec.begin(), dec.end());
+    return rows;
+  };
+  const std::vector<float> i8 = run("int8"), f8 = run("fp8"), bf16 = run("auto");
+  ASSERT_FALSE(bf16.empty());
+  ASSERT_EQ(i8.size(), bf16.size());
+  ASSERT_EQ(f8.size(), bf16.size());
+  auto nmse = [&](const std::vector<float>& x) {
+    double err = 0, norm = 0;
+    for (size_t i = 0; i < bf16.size(); ++i) {
+      err += (x[i] - bf16[i]) * (x[i] - bf16[i]);
+      norm += bf16[i] * bf16[i];
+    }
+    return err / norm;
+  };
+  const double e8 = nmse(i8), ef = nmse(f8);
+  std::printf("against BF16 pages, prompt + decode logits: INT8 pages NMSE %.3g, FP8 pages %.3g\n", e8, ef);
+  EXPECT_GT(e8, 0.0);
+  EXPECT_LT(e8, 2e-3);
+  EXPECT_LT(e8, ef);
+}
+
 TEST(ExecutorGpu, MatmulChoicesAndGraphsSettledBeforeServing) { check_settled_before_serving("none"); }
 
 TEST(ExecutorGpu, Fp8MatmulChoicesAndGraphsSettledBeforeServing) { check_settled_before_serving("fp8"); }
@@ -766,12 +824,14 @@ double tie_tolerance(const std::string& dtype) {
   return dtype == "float16" ? 0.25 : 0.5;
 }
 
-// The suite's dtype names: an engine dtype, or "bfloat16+fp8kv" (bf16
-// compute, FP8 E4M3 KV pages: the reference alone runs with them too).
+// The suite's dtype names: an engine dtype, or "bfloat16+fp8kv" /
+// "bfloat16+int8kv" (bf16 compute, FP8 E4M3 or INT8 KV pages: the
+// reference alone runs with them too).
 void apply_dtype(EngineConfig& c, const std::string& dtype) {
-  const bool fp8kv = dtype == "bfloat16+fp8kv";
-  c.dtype = fp8kv ? "bfloat16" : dtype;
+  const bool fp8kv = dtype == "bfloat16+fp8kv", int8kv = dtype == "bfloat16+int8kv";
+  c.dtype = fp8kv || int8kv ? "bfloat16" : dtype;
   if (fp8kv) c.kv_cache_dtype = "fp8";
+  if (int8kv) c.kv_cache_dtype = "int8";
 }
 
 struct HalfReference {
@@ -896,13 +956,15 @@ TEST_P(EngineGpuHalf, MatchesAloneUpToNearTies) {
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, EngineGpuHalf,
                          ::testing::Combine(::testing::Values(std::string("bfloat16"), std::string("float16"),
-                                                              std::string("bfloat16+fp8kv")),
+                                                              std::string("bfloat16+fp8kv"),
+                                                              std::string("bfloat16+int8kv")),
                                             ::testing::ValuesIn(engine_variants())),
                          [](const ::testing::TestParamInfo<std::tuple<std::string, EngineVariant>>& info) {
                            const std::string& d = std::get<0>(info.param);
-                           return (d == "float16"    ? std::string("f16_")
-                                   : d == "bfloat16" ? std::string("bf16_")
-                                                     : std::string("bf16fp8kv_")) +
+                           return (d == "float16"          ? std::string("f16_")
+                                   : d == "bfloat16"       ? std::string("bf16_")
+                                   : d == "bfloat16+int8kv" ? std::string("bf16int8kv_")
+                                                            : std::string("bf16fp8kv_")) +
                                   variant_name(std::get<1>(info.param));
                          });
 

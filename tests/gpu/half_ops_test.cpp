@@ -254,7 +254,8 @@ TEST_P(HalfOps, FusedQkvRopeKvWriteMatchesCpu) {
     for (bool norm : {false, true}) {
       for (DType at : {act(), DType::kF32}) {
         if (at == DType::kF32 && act() != DType::kBF16) continue;  // independent of the parameter: run once
-        for (DType kvt : {DType::kF32, DType::kBF16, DType::kF16, DType::kF8E4M3}) {
+        for (DType kvt : {DType::kF32, DType::kBF16, DType::kF16, DType::kF8E4M3, DType::kI8}) {
+          if (kvt == DType::kI8 && at == DType::kF32) continue;  // I8 pages on CUDA: BF16 / F16 compute
           const int n = 11, bs = 4, num_blocks = 8, num_slots = bs * num_blocks;
           const int64_t cols = int64_t{sh.hq + 2 * sh.hk} * sh.hd;
           const auto qkv = round_to(at, random_floats(static_cast<size_t>(n * cols), 20, -2, 2));
@@ -273,6 +274,13 @@ TEST_P(HalfOps, FusedQkvRopeKvWriteMatchesCpu) {
           // F8 pages: K and V scales (codes of |k| up to ~60 and |v| up to ~8).
           ops::LayerKv ckv{Tensor(ck.data(), kvt, {num_blocks, bs, sh.hk, sh.hd}),
                            Tensor(cv.data(), kvt, {num_blocks, bs, sh.hk, sh.hd}), 0.05f, 0.25f};
+          // I8 pages: a scale a (slot, head) row.
+          const bool i8 = kvt == DType::kI8;
+          std::vector<float> cks(static_cast<size_t>(num_slots) * sh.hk), cvs(cks.size());
+          if (i8) {
+            ckv.k_row_scales = Tensor(cks.data(), DType::kF32, {num_blocks, sh.hk, bs});
+            ckv.v_row_scales = Tensor(cvs.data(), DType::kF32, {num_blocks, sh.hk, bs});
+          }
           ops::AttentionBatch cb;
           cb.num_tokens = n;
           cb.positions = pos.data();
@@ -294,6 +302,11 @@ TEST_P(HalfOps, FusedQkvRopeKvWriteMatchesCpu) {
           DeviceMem gq(gpu(), cq.size() * aes);
           ops::LayerKv gkv{dev_tensor(gk, kvt, {num_blocks, bs, sh.hk, sh.hd}),
                            dev_tensor(gv, kvt, {num_blocks, bs, sh.hk, sh.hd}), 0.05f, 0.25f};
+          DeviceMem gks(gpu(), cks.size() * 4), gvs(gpu(), cks.size() * 4);
+          if (i8) {
+            gkv.k_row_scales = dev_tensor(gks, DType::kF32, {num_blocks, sh.hk, bs});
+            gkv.v_row_scales = dev_tensor(gvs, DType::kF32, {num_blocks, sh.hk, bs});
+          }
           ops::AttentionBatch gb = cb;
           gb.positions = gpos.as<int32_t>();
           gb.slot_mapping = gslots.as<int32_t>();
@@ -310,18 +323,37 @@ TEST_P(HalfOps, FusedQkvRopeKvWriteMatchesCpu) {
           expect_close(download_as(gpu(), at, gq, cq.size()), cq, q_tol.nmse, q_tol.max_rel, tag(what + " q"));
           // F8: a value rounded to act first may land one E4M3 step away; a step is at most 1/8 of
           // the largest value (measured on an H100: 1/13).
+          // I8: a row's values within half a step (1/254 of the row's largest) plus act's rounding.
           const Tol page_tol = kvt == at               ? q_tol
                                : kvt == DType::kF8E4M3 ? max_tol(q_tol, Tol{2e-3, 0.13})
+                               : i8                    ? max_tol(q_tol, Tol{1e-4, 0.01})
                                                        : max_tol(q_tol, rounding_tol(kvt));
-          auto as_float = [&](const std::vector<uint8_t>& b) {
+          auto as_float = [&](const std::vector<uint8_t>& b, const std::vector<float>& row_scales) {
             std::vector<float> f(cache_elems);
             dequantize_row(kvt, b.data(), f.data(), static_cast<int64_t>(cache_elems));
+            if (i8) {
+              for (size_t e = 0; e < cache_elems; ++e) {
+                const int64_t r = static_cast<int64_t>(e) / sh.hd;  // slot * hk + head
+                f[e] *= row_scales[static_cast<size_t>(ops::kv_row_scale_index(r / sh.hk, r % sh.hk, sh.hk, bs))];
+              }
+            }
             return f;
           };
-          expect_close(as_float(download<uint8_t>(gpu(), gk, cache_elems * kv_es)), as_float(ck), page_tol.nmse,
-                       page_tol.max_rel, tag(what + " k pages"));
-          expect_close(as_float(download<uint8_t>(gpu(), gv, cache_elems * kv_es)), as_float(cv), page_tol.nmse,
-                       page_tol.max_rel, tag(what + " v pages"));
+          // Slots no token wrote: scales and codes as allocated on both sides (zeros) only on the CPU; mask them.
+          auto written = [&](std::vector<float> f) {
+            std::vector<bool> w(static_cast<size_t>(num_slots), false);
+            for (int i = 0; i < n; ++i)
+              if (slots[static_cast<size_t>(i)] >= 0) w[static_cast<size_t>(slots[static_cast<size_t>(i)])] = true;
+            for (size_t e = 0; e < cache_elems; ++e)
+              if (!w[e / static_cast<size_t>(sh.hk * sh.hd)]) f[e] = 0.0f;
+            return f;
+          };
+          const auto gks_h = i8 ? download<float>(gpu(), gks, cks.size()) : cks;
+          const auto gvs_h = i8 ? download<float>(gpu(), gvs, cvs.size()) : cvs;
+          expect_close(written(as_float(download<uint8_t>(gpu(), gk, cache_elems * kv_es), gks_h)),
+                       written(as_float(ck, cks)), page_tol.nmse, page_tol.max_rel, tag(what + " k pages"));
+          expect_close(written(as_float(download<uint8_t>(gpu(), gv, cache_elems * kv_es), gvs_h)),
+                       written(as_float(cv, cvs)), page_tol.nmse, page_tol.max_rel, tag(what + " v pages"));
         }
       }
     }

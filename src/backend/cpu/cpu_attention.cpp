@@ -28,13 +28,8 @@ const std::array<float, 256>& e4m3_table() {
   return table;
 }
 
-// Row `row` of `len` values from src; F8_E4M3 pages store src * inv_scale,
-// I8 pages int8_row_quantize(src) with its scale at row_scales[row].
-void store_row(const float* src, void* base, DType t, int64_t row, int64_t len, float inv_scale, float* row_scales) {
-  if (t == DType::kI8) {
-    row_scales[row] = int8_row_quantize(src, len, static_cast<int8_t*>(base) + row * len);
-    return;
-  }
+// Row `row` of `len` values from src; F8_E4M3 pages store src * inv_scale.
+void store_row(const float* src, void* base, DType t, int64_t row, int64_t len, float inv_scale) {
   if (t == DType::kF32) {
     std::memcpy(static_cast<float*>(base) + row * len, src, static_cast<size_t>(len) * sizeof(float));
     return;
@@ -82,13 +77,16 @@ void CpuBackend::kv_write(const Tensor& k, const Tensor& v, const ops::Attention
     OSP_CHECK_MSG(slot < num_slots, "kv_write: slot " << slot << " beyond " << num_slots);
     if (t == DType::kI8) {  // one scale a (slot, head) row of hd values
       for (int64_t h = 0; h < hk; ++h) {
-        store_row(kp + i * row + h * hd, kv.k.data(), t, slot * hk + h, hd, 1.0f, kv.k_row_scales.data_as<float>());
-        store_row(vp + i * row + h * hd, kv.v.data(), t, slot * hk + h, hd, 1.0f, kv.v_row_scales.data_as<float>());
+        const int64_t r = slot * hk + h, si = ops::kv_row_scale_index(slot, h, hk, bs);
+        kv.k_row_scales.data_as<float>()[si] =
+            int8_row_quantize(kp + i * row + h * hd, hd, static_cast<int8_t*>(kv.k.data()) + r * hd);
+        kv.v_row_scales.data_as<float>()[si] =
+            int8_row_quantize(vp + i * row + h * hd, hd, static_cast<int8_t*>(kv.v.data()) + r * hd);
       }
       continue;
     }
-    store_row(kp + i * row, kv.k.data(), t, slot, row, k_inv, nullptr);
-    store_row(vp + i * row, kv.v.data(), t, slot, row, v_inv, nullptr);
+    store_row(kp + i * row, kv.k.data(), t, slot, row, k_inv);
+    store_row(vp + i * row, kv.v.data(), t, slot, row, v_inv);
   }
 }
 
@@ -143,12 +141,14 @@ void CpuBackend::paged_attention(const Tensor& q, const ops::LayerKv& kv, const 
     // F16/BF16 pages: the run's rows widened (exactly) into buf, then the
     // fp32 kernels; each row's arithmetic is that of an fp32 page holding
     // the same values. F8_E4M3 pages: each value times the scale (one fp32
-    // product); I8 pages: times its row's scale, row_scales[r + i hk].
+    // product); I8 pages: times its row's scale (the run's scales lie side
+    // by side from kv_row_scale_index of its first row).
     auto widened = [&](const char* base, int64_t r, int64_t cnt, float page_scale, const float* row_scales) {
       if (pt == DType::kI8) {
+        const float* rs0 = row_scales + ops::kv_row_scale_index(r / hk, r % hk, hk, bs);
         for (int64_t i = 0; i < cnt; ++i) {
           const int8_t* src = reinterpret_cast<const int8_t*>(base) + (r + i * hk) * hd;
-          const float rs = row_scales[r + i * hk];
+          const float rs = rs0[i];
           for (int64_t d = 0; d < hd; ++d) buf[i * hd + d] = static_cast<float>(src[d]) * rs;
         }
         return static_cast<const float*>(buf);

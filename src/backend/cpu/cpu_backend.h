@@ -56,7 +56,7 @@ class CpuBackend final : public ops::Backend {
   void head_rms_norm(Tensor& x, const Tensor& w, float eps) override;
   void rope(Tensor& q, Tensor& k, const int32_t* positions, const ops::RopeTable& table) override;
   void silu_mul(const Tensor& gate_up, Tensor& out) override;
-  bool supports_kv_dtype(DType t) const override { return ops::is_kv_page_dtype(t); }  // I8 included
+  bool supports_kv_dtype(DType kv, DType, int, int) const override { return ops::is_kv_page_dtype(kv); }  // I8 too
   void kv_write(const Tensor& k, const Tensor& v, const ops::AttentionBatch& batch, ops::LayerKv& kv) override;
   void paged_attention(const Tensor& q, const ops::LayerKv& kv, const ops::AttentionBatch& batch, float scale,
                        int sliding_window, Tensor& out) override;

@@ -122,6 +122,11 @@ struct QkvRopeArgs {
   void* v_cache = nullptr;
   // F8_E4M3 pages: 1 / the layer's K and V scales (attention/kv_fp8.cuh).
   float k_inv_scale = 1.0f, v_inv_scale = 1.0f;
+  // I8 pages: the row scales (ops::LayerKv, at ops::kv_row_scale_index with
+  // pages of block_size slots), one written per (slot, KV head) row.
+  float* k_row_scales = nullptr;
+  float* v_row_scales = nullptr;
+  int block_size = 0;
   int64_t num_slots = 0;
   const void* rms_x = nullptr;
   int64_t rms_d = 0;
@@ -224,18 +229,25 @@ inline void launch_dequant_rows(DType dtype, const void* w, int64_t row_bytes, i
 // Writes k, v [n, hk, hd] (act dtype) into the pages at slot_mapping[t] (page *
 // block_size + row, -1 skips; slots >= num_slots are skipped). Caches are
 // [num_slots, hk, hd] of cache_dtype (F32, F16, BF16, or F8_E4M3 storing
-// k * k_inv_scale and v * v_inv_scale: attention/kv_fp8.cuh).
+// k * k_inv_scale and v * v_inv_scale, or I8 storing each (slot, head) row
+// of hd values as int8_row_quantize does, its scale in k_row_scales /
+// v_row_scales at ops::kv_row_scale_index with pages of block_size slots:
+// attention/kv_fp8.cuh).
 void launch_kv_write(DType act, const void* k, const void* v, const int32_t* slot_mapping, int64_t n, int hk, int hd,
                      DType cache_dtype, void* k_cache, void* v_cache, int64_t num_slots, float k_inv_scale,
-                     float v_inv_scale, cudaStream_t stream);
+                     float v_inv_scale, float* k_row_scales, float* v_row_scales, int block_size,
+                     cudaStream_t stream);
 
 struct PagedAttentionArgs {
   DType act = DType::kF32;        // dtype of q and out (F32, BF16 or F16)
   const void* q = nullptr;        // [num_tokens, hq, hd]
   const void* k_cache = nullptr;  // [num_blocks, block_size, hk, hd] of kv_dtype
   const void* v_cache = nullptr;
-  DType kv_dtype = DType::kF32;          // F32, F16, BF16 or F8_E4M3
+  DType kv_dtype = DType::kF32;          // F32, F16, BF16, F8_E4M3 or I8
   float k_scale = 1.0f, v_scale = 1.0f;  // F8_E4M3 pages: value = e4m3 * scale (attention/kv_fp8.cuh)
+  // I8 pages: value = q * the row's scale, at ops::kv_row_scale_index (ops::LayerKv).
+  const float* k_row_scales = nullptr;
+  const float* v_row_scales = nullptr;
   int num_blocks = 0;
   int block_size = 0;
   int hq = 0, hk = 0, hd = 0;

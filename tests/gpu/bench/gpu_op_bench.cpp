@@ -116,19 +116,22 @@ int32_t* upload_ints(ops::Backend& be, const std::vector<int32_t>& v) {
 // as graphs), so launch gaps are not counted; the time includes the split
 // merge kernel when the plan splits. Returns microseconds per call and sets
 // kv_bytes (K + V bytes one call must read).
-// OSPREY_BENCH_KV=fp8: F8_E4M3 pages (else BF16).
-bool bench_kv_fp8() {
+// OSPREY_BENCH_KV=fp8: F8_E4M3 pages, =int8: I8 pages (else BF16; the
+// table's header names the dtype).
+bool bench_kv_is(const char* what) {
   const char* v = std::getenv("OSPREY_BENCH_KV");
-  return v != nullptr && std::strcmp(v, "fp8") == 0;
+  return v != nullptr && std::strcmp(v, what) == 0;
 }
+bool bench_kv_fp8() { return bench_kv_is("fp8"); }
 
 double time_decode_attention(ops::Backend& be, int batch, int ctx, size_t& kv_bytes, int& sets) {
   const int hq = 32, hk = 8, hd = 128, bs = 16;
   const int pages_per_seq = (ctx + bs - 1) / bs;
-  const bool f8 = bench_kv_fp8();
-  const DType kv_dtype = f8 ? DType::kF8E4M3 : DType::kBF16;
-  const size_t page_bytes = size_t{bs} * hk * hd * (f8 ? 1 : 2);  // one page of K (or V)
-  kv_bytes = 2 * page_bytes * static_cast<size_t>(pages_per_seq) * static_cast<size_t>(batch);
+  const bool f8 = bench_kv_fp8(), i8 = bench_kv_is("int8");
+  const DType kv_dtype = f8 ? DType::kF8E4M3 : i8 ? DType::kI8 : DType::kBF16;
+  const size_t page_bytes = size_t{bs} * hk * hd * (f8 || i8 ? 1 : 2);  // one page of K (or V)
+  const size_t scale_bytes = i8 ? size_t{bs} * hk * sizeof(float) : 0;  // I8: a page's row scales
+  kv_bytes = 2 * (page_bytes + scale_bytes) * static_cast<size_t>(pages_per_seq) * static_cast<size_t>(batch);
   sets = static_cast<int>(std::clamp<size_t>(((size_t{1} << 30) + kv_bytes - 1) / kv_bytes, 1, 64));
   const int64_t num_blocks = int64_t{sets} * batch * pages_per_seq;
   Buf kc(be, static_cast<size_t>(num_blocks) * page_bytes), vc(be, static_cast<size_t>(num_blocks) * page_bytes);
@@ -136,6 +139,12 @@ double time_decode_attention(ops::Backend& be, int batch, int ctx, size_t& kv_by
   ops::LayerKv kv;
   kv.k = Tensor(kc.p, kv_dtype, {num_blocks, bs, hk, hd}, Device::kCuda);
   kv.v = Tensor(vc.p, kv_dtype, {num_blocks, bs, hk, hd}, Device::kCuda);
+  Buf ks(be, std::max<size_t>(1, static_cast<size_t>(num_blocks) * scale_bytes)),
+      vs(be, std::max<size_t>(1, static_cast<size_t>(num_blocks) * scale_bytes));
+  if (i8) {
+    kv.k_row_scales = Tensor(ks.p, DType::kF32, {num_blocks, hk, bs}, Device::kCuda);
+    kv.v_row_scales = Tensor(vs.p, DType::kF32, {num_blocks, hk, bs}, Device::kCuda);
+  }
   Tensor qt(q.p, DType::kBF16, {batch, hq, hd}, Device::kCuda);
   Tensor ot(out.p, DType::kBF16, {batch, hq, hd}, Device::kCuda);
   if (f8) {  // codes 0x3a / 0xb5 (1.25, -0.8125) under scales 0.5, 2
@@ -143,6 +152,11 @@ double time_decode_attention(ops::Backend& be, int batch, int ctx, size_t& kv_by
     cudaMemset(vc.p, 0xb5, static_cast<size_t>(num_blocks) * page_bytes);
     kv.k_scale = 0.5f;
     kv.v_scale = 2.0f;
+  } else if (i8) {  // codes 0x3a / 0xb5 (58, -75) under row scales in [0.01, 0.02]
+    cudaMemset(kc.p, 0x3a, static_cast<size_t>(num_blocks) * page_bytes);
+    cudaMemset(vc.p, 0xb5, static_cast<size_t>(num_blocks) * page_bytes);
+    be.fill_uniform(kv.k_row_scales, 4, 0.01f, 0.02f);
+    be.fill_uniform(kv.v_row_scales, 5, 0.01f, 0.02f);
   } else {
     be.fill_uniform(kv.k, 1, -2.0f, 2.0f);
     be.fill_uniform(kv.v, 2, -2.0f, 2.0f);
@@ -225,7 +239,7 @@ void decode_attention_sweep(ops::Backend& be, double copy_gbs) {
   std::printf(
       "decode attention, BF16 q, %s pages, hq 32 hk 8 hd 128, block_size 16, kernel %s, "
       "OSPREY_DECODE_MIN_KEYS=%s\n",
-      bench_kv_fp8() ? "F8_E4M3" : "BF16", kernel.c_str(), min_keys != nullptr ? min_keys : "(unset)");
+      bench_kv_fp8() ? "F8_E4M3" : bench_kv_is("int8") ? "I8" : "BF16", kernel.c_str(), min_keys != nullptr ? min_keys : "(unset)");
   std::printf("%-8s %-6s %6s %6s %10s %10s %8s\n", "batch", "ctx", "splits", "sets", "us", "GB/s KV", "% copy");
   std::vector<std::pair<int, int>> shapes;
   for (int batch : {1, 8, 32, 64, 128})

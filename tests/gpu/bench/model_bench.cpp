@@ -172,6 +172,9 @@ class ProfilingBackend final : public ops::Backend {
   bool fuses_rms_norm_matmul(int64_t n, DType act) const override { return b_.fuses_rms_norm_matmul(n, act); }
   // FP8 weights (--fp8): as the inner backend; the conversion runs at load, untimed.
   bool supports_fp8_weights(DType act) const override { return b_.supports_fp8_weights(act); }
+  bool supports_kv_dtype(DType kv, DType act, int head_dim, int group) const override {
+    return b_.supports_kv_dtype(kv, act, head_dim, group);
+  }
   Status quantize_weight_fp8(const Tensor& w, Tensor& q) override { return b_.quantize_weight_fp8(w, q); }
   // Forwarded, so the model folds the norms as it would unprofiled.
   bool folds_norms(DType act) const override { return b_.folds_norms(act); }

@@ -402,13 +402,14 @@ TEST_P(AttentionTest, I8PagesBitIdenticalToF32PagesOfTheirValues) {
     std::vector<float> ks(static_cast<size_t>(rows)), vs(ks.size()), k32(k8.size()), v32(k8.size());
     const float* kp = reinterpret_cast<const float*>(p.kpages.data());
     const float* vp = reinterpret_cast<const float*>(p.vpages.data());
-    for (int64_t r = 0; r < rows; ++r) {
-      ks[static_cast<size_t>(r)] = int8_row_quantize(kp + r * hd, hd, k8.data() + r * hd);
-      vs[static_cast<size_t>(r)] = int8_row_quantize(vp + r * hd, hd, v8.data() + r * hd);
+    for (int64_t r = 0; r < rows; ++r) {  // row r = slot * hk + head; its scale at kv_row_scale_index
+      const size_t si = static_cast<size_t>(ops::kv_row_scale_index(r / hk, r % hk, hk, bs));
+      ks[si] = int8_row_quantize(kp + r * hd, hd, k8.data() + r * hd);
+      vs[si] = int8_row_quantize(vp + r * hd, hd, v8.data() + r * hd);
       for (int64_t d = 0; d < hd; ++d) {
         const size_t i = static_cast<size_t>(r * hd + d);
-        k32[i] = static_cast<float>(k8[i]) * ks[static_cast<size_t>(r)];
-        v32[i] = static_cast<float>(v8[i]) * vs[static_cast<size_t>(r)];
+        k32[i] = static_cast<float>(k8[i]) * ks[si];
+        v32[i] = static_cast<float>(v8[i]) * vs[si];
       }
     }
     const int64_t n = p.batch.num_tokens;
@@ -421,8 +422,8 @@ TEST_P(AttentionTest, I8PagesBitIdenticalToF32PagesOfTheirValues) {
     ops::LayerKv kv8;
     kv8.k = Tensor(k8.data(), DType::kI8, {p.num_blocks, bs, hk, hd});
     kv8.v = Tensor(v8.data(), DType::kI8, {p.num_blocks, bs, hk, hd});
-    kv8.k_row_scales = Tensor(ks.data(), DType::kF32, {p.num_blocks, bs, hk});
-    kv8.v_row_scales = Tensor(vs.data(), DType::kF32, {p.num_blocks, bs, hk});
+    kv8.k_row_scales = Tensor(ks.data(), DType::kF32, {p.num_blocks, hk, bs});
+    kv8.v_row_scales = Tensor(vs.data(), DType::kF32, {p.num_blocks, hk, bs});
     be->paged_attention(qt, kv8, p.batch, scale, window, o8);
     ops::LayerKv kv32;
     kv32.k = Tensor(k32.data(), DType::kF32, {p.num_blocks, bs, hk, hd});
@@ -449,8 +450,8 @@ TEST_P(AttentionTest, KvWriteI8StoresRowsWithTheirScales) {
   ops::LayerKv kv;
   kv.k = Tensor(kpages.data(), DType::kI8, {nb, bs, hk, hd});
   kv.v = Tensor(vpages.data(), DType::kI8, {nb, bs, hk, hd});
-  kv.k_row_scales = Tensor(kscales.data(), DType::kF32, {nb, bs, hk});
-  kv.v_row_scales = Tensor(vscales.data(), DType::kF32, {nb, bs, hk});
+  kv.k_row_scales = Tensor(kscales.data(), DType::kF32, {nb, hk, bs});
+  kv.v_row_scales = Tensor(vscales.data(), DType::kF32, {nb, hk, bs});
   const std::vector<int32_t> slots = {5, -1, 11, 0};
   const int64_t n = static_cast<int64_t>(slots.size());
   auto k = random_floats(static_cast<size_t>(n * row), 41, -200.0f, 200.0f);
@@ -479,9 +480,9 @@ TEST_P(AttentionTest, KvWriteI8StoresRowsWithTheirScales) {
     const int32_t slot = slots[static_cast<size_t>(i)];
     if (slot < 0) continue;
     for (int64_t h = 0; h < hk; ++h) {
-      const int64_t r = slot * hk + h;
-      expect_row(k.data() + i * row + h * hd, kexp.data() + r * hd, ksexp.data() + r);
-      expect_row(v.data() + i * row + h * hd, vexp.data() + r * hd, vsexp.data() + r);
+      const int64_t r = slot * hk + h, si = (slot / bs * hk + h) * bs + slot % bs;  // [nb, hk, bs]
+      expect_row(k.data() + i * row + h * hd, kexp.data() + r * hd, ksexp.data() + si);
+      expect_row(v.data() + i * row + h * hd, vexp.data() + r * hd, vsexp.data() + si);
     }
   }
   EXPECT_EQ(kpages, kexp);
@@ -494,9 +495,9 @@ TEST_P(AttentionTest, KvWriteI8StoresRowsWithTheirScales) {
     }
     EXPECT_EQ(kscales[r], ksexp[r]) << r;
   }
-  EXPECT_EQ(kscales[static_cast<size_t>(11 * hk + 1)], 0.0f);
-  EXPECT_TRUE(std::isnan(vscales[0]));
-  EXPECT_EQ(kscales[static_cast<size_t>(1 * hk)], -3.0f);  // slot 1: not written
+  EXPECT_EQ(kscales[static_cast<size_t>((2 * hk + 1) * bs + 3)], 0.0f);  // slot 11 (page 2, row 3), head 1
+  EXPECT_TRUE(std::isnan(vscales[0]));                                  // slot 0, head 0
+  EXPECT_EQ(kscales[1], -3.0f);                                         // slot 1: not written
 }
 
 INSTANTIATE_TEST_SUITE_P(Variants, AttentionTest, testing::ValuesIn(all_variants()), variant_name);

@@ -135,8 +135,8 @@ TEST(Int8Kv, OptionNamesPageBytesAndRowScales) {
       EXPECT_EQ(layer.k_row_scales.dtype(), DType::kF32);
       ASSERT_EQ(layer.v_row_scales.ndim(), 3);
       EXPECT_EQ(layer.v_row_scales.dim(0), 3);
-      EXPECT_EQ(layer.v_row_scales.dim(1), 16);
-      EXPECT_EQ(layer.v_row_scales.dim(2), c.num_kv_heads);
+      EXPECT_EQ(layer.v_row_scales.dim(1), c.num_kv_heads);  // a page's scales of one head side by side
+      EXPECT_EQ(layer.v_row_scales.dim(2), 16);
       EXPECT_EQ(layer.page_tensors().size(), 4u);  // pages and scales move together
       ops::Backend::check_kv_pages(layer);
     }
@@ -146,7 +146,7 @@ TEST(Int8Kv, OptionNamesPageBytesAndRowScales) {
   EXPECT_FALSE(plain.layers[0].k_row_scales.defined());
   EXPECT_EQ(plain.layers[0].page_tensors().size(), 2u);
   (*f32)->free_kv(plain);
-  EXPECT_TRUE(backend->supports_kv_dtype(DType::kI8));
+  EXPECT_TRUE(backend->supports_kv_dtype(DType::kI8, DType::kF32, 13, 3));  // the CPU takes any shape
   auto bad = load(dir, *backend, "int4");
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);

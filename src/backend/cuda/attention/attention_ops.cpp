@@ -50,6 +50,11 @@ struct CudaBackend::SideStream {
   SideStream& operator=(const SideStream&) = delete;
 };
 
+bool CudaBackend::supports_kv_dtype(DType kv, DType act, int head_dim, int group) const {
+  if (kv != DType::kI8) return ops::is_kv_page_dtype(kv);
+  return (act == DType::kBF16 || act == DType::kF16) && (head_dim == 64 || head_dim == 128) && group >= 1;
+}
+
 void CudaBackend::kv_write(const Tensor& k, const Tensor& v, const ops::AttentionBatch& batch, ops::LayerKv& kv) {
   OSP_CHECK_MSG(k.dtype() == v.dtype() && supports_activation_dtype(k.dtype()),
                 "kv_write k, v must be F32, BF16 or F16 (same dtype)");
@@ -63,7 +68,10 @@ void CudaBackend::kv_write(const Tensor& k, const Tensor& v, const ops::Attentio
   bind_device();
   launch_kv_write(k.dtype(), k.data(), v.data(), batch.slot_mapping, batch.num_tokens, static_cast<int>(k.dim(1)),
                   static_cast<int>(k.dim(2)), kv.k.dtype(), kv.k.data(), kv.v.data(), kv.k.dim(0) * kv.k.dim(1),
-                  1.0f / kv.k_scale, 1.0f / kv.v_scale, stream_);
+                  1.0f / kv.k_scale, 1.0f / kv.v_scale,
+                  kv.k.dtype() == DType::kI8 ? kv.k_row_scales.data_as<float>() : nullptr,
+                  kv.k.dtype() == DType::kI8 ? kv.v_row_scales.data_as<float>() : nullptr, static_cast<int>(kv.k.dim(1)),
+                  stream_);
 }
 
 void CudaBackend::paged_attention(const Tensor& q, const ops::LayerKv& kv, const ops::AttentionBatch& batch,
@@ -95,6 +103,10 @@ void CudaBackend::paged_attention(const Tensor& q, const ops::LayerKv& kv, const
   if (a.kv_dtype == DType::kF8E4M3) {
     a.k_scale = kv.k_scale;
     a.v_scale = kv.v_scale;
+  }
+  if (a.kv_dtype == DType::kI8) {
+    a.k_row_scales = kv.k_row_scales.data_as<float>();
+    a.v_row_scales = kv.v_row_scales.data_as<float>();
   }
   a.num_blocks = static_cast<int>(kv.k.dim(0));
   a.block_size = static_cast<int>(kv.k.dim(1));
@@ -180,6 +192,10 @@ void CudaBackend::paged_attention(const Tensor& q, const ops::LayerKv& kv, const
 // the launch on `on`.
 void CudaBackend::run_attention(PagedAttentionArgs& a, bool decode, cudaStream_t on) {
   const int hq = a.hq, hk = a.hk, hd = a.hd;
+  // I8 pages have no generic kernel: a decode step the decode kernel does
+  // not take (G not 1, 2, 4 or 8) runs on the prefill kernel, one query row
+  // a sequence.
+  if (decode && a.kv_dtype == DType::kI8 && !decode_attention_supported(a)) decode = false;
   const bool decode_kernel = decode && decode_attention_supported(a);
   int splits = options_.attention_splits;
   if (splits <= 0 && decode_kernel) {

@@ -254,11 +254,13 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
 // Shared memory: the warps' stage rings [kMmaWarps][kStages][K, V][kTileKeys
-// rows of kHd page values (2 kHd bytes, kHd for F8)], reused after the key
-// loop for the merge (sO [kMmaWarps][kG][kHd], sM, sL [kMmaWarps][kG], fp32).
-template <int kHd, int kG, int kValueBytes = 2>
+// rows of kHd page values (2 kHd bytes, kHd for F8 and I8)] (I8: each stage
+// followed by its keys' K and V row scales, [2][kTileKeys] fp32), reused
+// after the key loop for the merge (sO [kMmaWarps][kG][kHd], sM, sL
+// [kMmaWarps][kG], fp32).
+template <int kHd, int kG, int kValueBytes = 2, int kScaleBytes = 0>
 constexpr size_t mma_smem_bytes() {
-  constexpr size_t pipe = size_t{kMmaWarps} * kStages * 2 * kTileKeys * kHd * kValueBytes;
+  constexpr size_t pipe = size_t{kMmaWarps} * kStages * (2 * kTileKeys * kHd * kValueBytes + kScaleBytes);
   constexpr size_t merge = sizeof(float) * kMmaWarps * kG * (kHd + 2);
   return pipe > merge ? pipe : merge;
 }
@@ -397,19 +399,31 @@ __device__ __forceinline__ int tile_offset(int r, int c) {
 //   lane (g, q) reads the word of dims 4 (8 T + g) + (0..3) of keys 2q,
 //   2q + 1, 2q + 8, 2q + 9 (32-bit shared loads) and interleaves each pair
 //   of keys' bytes (prmt) into the e4m3 pairs of its B fragments.
+// I8 pages (KvI8): the same byte layout and half MMAs as F8, with each
+// key's row scales staged beside its tile (4-byte cp.async): the K scale
+// goes on the key's fp32 score, and the V scale enters P V through the
+// exponent: the warp keeps a second running max m' of s + log2(v scale)
+// and computes P' = exp2(s + log2(v scale) - m') in [0, 1] for the P V
+// product (l still sums exp2(s - m)); at the end O is brought to m's
+// units by exp2(m' - m). So P' never leaves half's normal range because of
+// a small or large scale.
 template <int kHd, int kG, class T, class KvT>
 __global__ void __launch_bounds__(kMmaThreads) mma_decode_kernel(PagedAttentionArgs a) {
   constexpr bool kF8 = kIsKvF8<KvT>;
-  using M = Mma16<std::conditional_t<kF8, __half, T>>;
+  constexpr bool kI8 = kIsKvI8<KvT>;
+  constexpr bool k8 = kF8 || kI8;  // one byte a value: the F8 byte layout, half MMAs
+  using M = Mma16<std::conditional_t<k8, __half, T>>;
   constexpr int kRowBytes = kHd * static_cast<int>(sizeof(KvT));
   constexpr int kChunks = kRowBytes / 16;               // 16-byte chunks per key row
   constexpr int kTileBytes = kTileKeys * kRowBytes;     // one K or V tile
+  constexpr int kScaleBytes = kI8 ? 2 * kTileKeys * static_cast<int>(sizeof(float)) : 0;  // a stage's row scales
+  constexpr int kStageBytes = 2 * kTileBytes + kScaleBytes;
   constexpr int kRowsPerStep = 32 / kChunks;            // key rows one warp-wide copy step covers
   constexpr int kCopySteps = kTileKeys / kRowsPerStep;  // 16-byte copies per lane per K (or V) tile
   constexpr int kKSteps = kHd / 16;
   constexpr int kNTiles = kHd / 8;
   static_assert(kG >= 1 && kG <= 8, "query heads per KV head are rows 0..7 of the MMA");
-  constexpr size_t kSmem = mma_smem_bytes<kHd, kG, static_cast<int>(sizeof(KvT))>();
+  constexpr size_t kSmem = mma_smem_bytes<kHd, kG, static_cast<int>(sizeof(KvT)), kScaleBytes>();
   static_assert(kSmem >= sizeof(float) * (kG * kMaxDecodeSplitsMerged + 1),
                 "the split merge's weights and flag fit the stage rings");
   extern __shared__ __align__(16) unsigned char mma_smem[];
@@ -476,7 +490,7 @@ __global__ void __launch_bounds__(kMmaThreads) mma_decode_kernel(PagedAttentionA
   const int64_t slot_bytes = static_cast<int64_t>(a.hk) * kRowBytes;
   const int64_t head_bytes = static_cast<int64_t>(kvh) * kRowBytes;
   const int bs = a.block_size;
-  unsigned char* ring = mma_smem + static_cast<size_t>(warp) * kStages * 2 * kTileBytes;
+  unsigned char* ring = mma_smem + static_cast<size_t>(warp) * kStages * kStageBytes;
 
   // Slot of key row lane % 16 of this warp's tile i, or -1 past the range.
   auto lookup = [&](int i) -> int {
@@ -486,8 +500,13 @@ __global__ void __launch_bounds__(kMmaThreads) mma_decode_kernel(PagedAttentionA
   // Starts the copies of tile i's K and V rows into stage i % kStages; rows
   // past the range are zero-filled (P is 0 there, and 0 * garbage could be NaN).
   auto issue = [&](int i, int slot) {
-    unsigned char* sk = ring + (i % kStages) * 2 * kTileBytes;
+    unsigned char* sk = ring + (i % kStages) * kStageBytes;
     unsigned char* sv = sk + kTileBytes;
+    if constexpr (kI8) {  // lane l: the K (l < 16) or V row scale of key l % 16, whose slot it holds
+      const float* rs = lane < kTileKeys ? a.k_row_scales : a.v_row_scales;
+      const int64_t src = slot >= 0 ? i8_scale_index(slot, kvh, a.hk, bs) : 0;
+      cp_async4(sv + kTileBytes + lane * sizeof(float), rs + src, slot >= 0 ? 4 : 0);
+    }
     const int c = lane % kChunks;
 #pragma unroll
     for (int j = 0; j < kCopySteps; ++j) {
@@ -503,6 +522,7 @@ __global__ void __launch_bounds__(kMmaThreads) mma_decode_kernel(PagedAttentionA
 
   float m_run = -INFINITY;  // running max of row g (log2 domain), same in the quad
   float l_run = 0.0f;       // this lane's share of row g's sum
+  [[maybe_unused]] float mv_run = -INFINITY;  // I8: running max of s + log2(v scale) (m', kernel comment)
   float o[kNTiles][4];
 #pragma unroll
   for (int n = 0; n < kNTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
@@ -533,7 +553,7 @@ __global__ void __launch_bounds__(kMmaThreads) mma_decode_kernel(PagedAttentionA
       qa[kk][0] = 0u;
       qa[kk][1] = 0u;
       if (g < kG) {
-        if constexpr (kF8) {  // dims 16 kk + 4 qd + (0, 1) and (2, 3) (kernel comment)
+        if constexpr (k8) {  // dims 16 kk + 4 qd + (0, 1) and (2, 3) (kernel comment)
           const T* r = q + g * kHd + 16 * kk + 4 * qd;
           qa[kk][0] = M::pack(to_float(r[0]), to_float(r[1]));
           qa[kk][1] = M::pack(to_float(r[2]), to_float(r[3]));
@@ -555,12 +575,20 @@ __global__ void __launch_bounds__(kMmaThreads) mma_decode_kernel(PagedAttentionA
     }
     cp_async_wait<kStages - 1>();  // tile i has landed
     __syncwarp();
-    const unsigned char* sk = ring + (i % kStages) * 2 * kTileBytes;
+    const unsigned char* sk = ring + (i % kStages) * kStageBytes;
     const unsigned char* sv = sk + kTileBytes;
+    // One byte a value: two codes of a 32-bit word as the half2 bits of an MMA operand register.
+    [[maybe_unused]] auto widen2 = [](uint32_t w) {
+      if constexpr (kI8) {
+        return i8x2_to_half2_bits(w);
+      } else {
+        return e4m3x2_to_half2_bits(w);
+      }
+    };
 
     // S[g][key] for keys 2qd, 2qd + 1 (s[0]) and 8 + 2qd, 9 + 2qd (s[1]).
     float s[2][4] = {};
-    if constexpr (kF8) {
+    if constexpr (k8) {
       // Matrix m of an ldmatrix.x4: keys 8 (m % 2) + (0..7), chunk 2 kk2 + m / 2.
 #pragma unroll
       for (int kk2 = 0; kk2 < kKSteps / 2; ++kk2) {
@@ -573,7 +601,7 @@ __global__ void __launch_bounds__(kMmaThreads) mma_decode_kernel(PagedAttentionA
 #pragma unroll
           for (int j = 0; j < 2; ++j) {
             const uint32_t w = b[2 * h + j];
-            M::mma(s[j], qa[kk][0], qa[kk][1], e4m3x2_to_half2_bits(w), e4m3x2_to_half2_bits(w >> 16));
+            M::mma(s[j], qa[kk][0], qa[kk][1], widen2(w), widen2(w >> 16));
           }
         }
       }
@@ -588,12 +616,28 @@ __global__ void __launch_bounds__(kMmaThreads) mma_decode_kernel(PagedAttentionA
       }
     }
     const int key0 = my_lo + (warp + i * kMmaWarps) * kTileKeys + 2 * qd;
+    // I8: the row scales of keys 2 qd + 8 j + e: K's times the score, log2 of V's for P'.
+    [[maybe_unused]] float ks[2][2], lv[2][2];
+    if constexpr (kI8) {
+      const float* sks = reinterpret_cast<const float*>(sv + kTileBytes);
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const float2 k2 = *reinterpret_cast<const float2*>(sks + 2 * qd + 8 * j);
+        const float2 v2 = *reinterpret_cast<const float2*>(sks + kTileKeys + 2 * qd + 8 * j);
+        ks[j][0] = k2.x;
+        ks[j][1] = k2.y;
+        lv[j][0] = __log2f(v2.x);  // -inf for a zero row (P' = 0), NaN for a NaN row (it spreads, as on the CPU)
+        lv[j][1] = __log2f(v2.y);
+      }
+    }
     float mt = -INFINITY;
 #pragma unroll
     for (int j = 0; j < 2; ++j)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        s[j][e] = key0 + 8 * j + e < my_hi ? s[j][e] * score_scale : -INFINITY;
+        float sc = s[j][e] * score_scale;
+        if constexpr (kI8) sc *= ks[j][e];
+        s[j][e] = key0 + 8 * j + e < my_hi ? sc : -INFINITY;
         mt = fmaxf(mt, s[j][e]);
       }
     mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
@@ -608,15 +652,36 @@ __global__ void __launch_bounds__(kMmaThreads) mma_decode_kernel(PagedAttentionA
 #pragma unroll
       for (int e = 0; e < 2; ++e) p[j][e] = fast_exp2(s[j][e] - m_new);  // 0 past the range
     l_run = l_run * alpha + ((p[0][0] + p[0][1]) + (p[1][0] + p[1][1]));
+    float alpha_o = alpha;  // O's rescale (I8: by m', below)
+    if constexpr (kI8) {
+      float mvt = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          lv[j][e] += s[j][e];  // s + log2(v scale): -inf past the range
+          mvt = fmaxf(mvt, lv[j][e]);
+        }
+      mvt = fmaxf(mvt, __shfl_xor_sync(0xffffffffu, mvt, 1));
+      mvt = fmaxf(mvt, __shfl_xor_sync(0xffffffffu, mvt, 2));
+      const float mv_new = fmaxf(mv_run, mvt);
+      // -inf while every key so far has a zero V row (O is still 0 then).
+      alpha_o = mv_new == -INFINITY ? 1.0f : fast_exp2(mv_run - mv_new);
+      mv_run = mv_new;
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) p[j][e] = mv_new == -INFINITY ? 0.0f : fast_exp2(lv[j][e] - mv_new);
+    }
 #pragma unroll
     for (int n = 0; n < kNTiles; ++n) {
-      o[n][0] *= alpha;
-      o[n][1] *= alpha;
+      o[n][0] *= alpha_o;
+      o[n][1] *= alpha_o;
     }
     // P as the A operand: keys 0..7 are s[0]'s columns, 8..15 s[1]'s.
     const uint32_t pa0 = M::pack(p[0][0], p[0][1]);
     const uint32_t pa2 = M::pack(p[1][0], p[1][1]);
-    if constexpr (kF8) {
+    if constexpr (k8) {
 #pragma unroll
       for (int tt = 0; tt < kHd / 32; ++tt) {
         // Keys 2 qd, 2 qd + 1, 2 qd + 8, 2 qd + 9: dims 4 (8 tt + g) + (0..3).
@@ -631,10 +696,10 @@ __global__ void __launch_bounds__(kMmaThreads) mma_decode_kernel(PagedAttentionA
         // Per key pair: bytes (a0, b0, a1, b1) and (a2, b2, a3, b3).
         const uint32_t lo01 = __byte_perm(w[0], w[1], 0x5140), lo23 = __byte_perm(w[0], w[1], 0x7362);
         const uint32_t hi01 = __byte_perm(w[2], w[3], 0x5140), hi23 = __byte_perm(w[2], w[3], 0x7362);
-        M::mma(o[4 * tt], pa0, pa2, e4m3x2_to_half2_bits(lo01), e4m3x2_to_half2_bits(hi01));
-        M::mma(o[4 * tt + 1], pa0, pa2, e4m3x2_to_half2_bits(lo01 >> 16), e4m3x2_to_half2_bits(hi01 >> 16));
-        M::mma(o[4 * tt + 2], pa0, pa2, e4m3x2_to_half2_bits(lo23), e4m3x2_to_half2_bits(hi23));
-        M::mma(o[4 * tt + 3], pa0, pa2, e4m3x2_to_half2_bits(lo23 >> 16), e4m3x2_to_half2_bits(hi23 >> 16));
+        M::mma(o[4 * tt], pa0, pa2, widen2(lo01), widen2(hi01));
+        M::mma(o[4 * tt + 1], pa0, pa2, widen2(lo01 >> 16), widen2(hi01 >> 16));
+        M::mma(o[4 * tt + 2], pa0, pa2, widen2(lo23), widen2(hi23));
+        M::mma(o[4 * tt + 3], pa0, pa2, widen2(lo23 >> 16), widen2(hi23 >> 16));
       }
     } else {
 #pragma unroll
@@ -651,6 +716,14 @@ __global__ void __launch_bounds__(kMmaThreads) mma_decode_kernel(PagedAttentionA
   cp_async_wait<0>();
   l_run += __shfl_xor_sync(0xffffffffu, l_run, 1);
   l_run += __shfl_xor_sync(0xffffffffu, l_run, 2);
+  if constexpr (kI8) {  // O from m' units to m's (kernel comment); a warp without keys keeps O = 0
+    const float f = m_run == -INFINITY || mv_run == -INFINITY ? 0.0f : exp2f(mv_run - m_run);
+#pragma unroll
+    for (int n = 0; n < kNTiles; ++n) {
+      o[n][0] *= f;
+      o[n][1] *= f;
+    }
+  }
 
   // Merge the warps (a warp without tiles has m = -inf, l = 0, O = 0).
   __syncthreads();  // every warp is done with its ring
@@ -661,7 +734,7 @@ __global__ void __launch_bounds__(kMmaThreads) mma_decode_kernel(PagedAttentionA
     float* row = sO + (warp * kG + g) * kHd;
 #pragma unroll
     for (int n = 0; n < kNTiles; ++n) {
-      if constexpr (kF8) {  // columns 2 qd, 2 qd + 1 of tile n: dims 4 (8 (n / 4) + col) + n % 4
+      if constexpr (k8) {  // columns 2 qd, 2 qd + 1 of tile n: dims 4 (8 (n / 4) + col) + n % 4
         row[4 * (8 * (n / 4) + 2 * qd) + n % 4] = o[n][0];
         row[4 * (8 * (n / 4) + 2 * qd + 1) + n % 4] = o[n][1];
       } else {
@@ -712,7 +785,8 @@ __global__ void __launch_bounds__(kMmaThreads) mma_decode_kernel(PagedAttentionA
 
 template <int kHd, int kG, class T, class KvT>
 void launch_mma(const PagedAttentionArgs& a, cudaStream_t stream) {
-  constexpr size_t smem = mma_smem_bytes<kHd, kG, static_cast<int>(sizeof(KvT))>();
+  constexpr size_t smem =
+      mma_smem_bytes<kHd, kG, static_cast<int>(sizeof(KvT)), kIsKvI8<KvT> ? 2 * kTileKeys * static_cast<int>(sizeof(float)) : 0>();
   auto kernel = mma_decode_kernel<kHd, kG, T, KvT>;
   if constexpr (smem > 48 * 1024) set_max_dynamic_smem_once(kernel, smem);
   const dim3 grid(static_cast<unsigned>(a.num_seqs), static_cast<unsigned>(a.hk), static_cast<unsigned>(a.num_splits));
@@ -727,13 +801,17 @@ template <int kHd, class KvT, class QT>
 void launch_for_group(const PagedAttentionArgs& a, bool mma, cudaStream_t stream) {
   auto go = [&](auto g) {
     constexpr int kG = decltype(g)::value;
-    if constexpr ((std::is_same_v<KvT, QT> || kIsKvF8<KvT>) && !std::is_same_v<QT, float>) {
+    if constexpr ((std::is_same_v<KvT, QT> || kIsKvF8<KvT> || kIsKvI8<KvT>) && !std::is_same_v<QT, float>) {
       if (mma) {
         launch_mma<kHd, kG, QT, KvT>(a, stream);
         return;
       }
     }
-    launch_simt<kHd, kG, KvT, QT>(a, stream);
+    if constexpr (kIsKvI8<KvT>) {
+      OSP_CHECK_MSG(false, "I8 KV pages take the tensor-core decode kernel only (BF16 or F16 q)");
+    } else {
+      launch_simt<kHd, kG, KvT, QT>(a, stream);
+    }
   };
   switch (a.hq / a.hk) {
     case 1:
@@ -758,8 +836,9 @@ bool simt_forced() {
 
 // The tensor-core kernel takes this step (decode_attention_supported holds).
 bool use_mma(const PagedAttentionArgs& a) {
-  return (a.act == DType::kBF16 || a.act == DType::kF16) && (a.kv_dtype == a.act || a.kv_dtype == DType::kF8E4M3) &&
-         !simt_forced();
+  return (a.act == DType::kBF16 || a.act == DType::kF16) &&
+         (a.kv_dtype == a.act || a.kv_dtype == DType::kF8E4M3 || a.kv_dtype == DType::kI8) &&
+         (!simt_forced() || a.kv_dtype == DType::kI8);
 }
 
 // Split plan. The SIMT kernel: >= 2 blocks per SM, splits of >= 64 keys.
@@ -807,7 +886,8 @@ bool decode_attention_supported(const PagedAttentionArgs& a) {
   return (a.hd == 64 || a.hd == 128) && (g == 1 || g == 2 || g == 4 || g == 8) && a.hq == g * a.hk &&
          aligned16(a.k_cache) && aligned16(a.v_cache) &&
          (a.act == DType::kF32 || a.act == DType::kBF16 || a.act == DType::kF16) &&
-         ops::is_kv_page_dtype(a.kv_dtype);
+         ops::is_kv_page_dtype(a.kv_dtype) &&
+         (a.kv_dtype != DType::kI8 || (a.act != DType::kF32 && a.k_row_scales && a.v_row_scales));
 }
 
 void plan_decode_splits(PagedAttentionArgs& a, int num_sms) {
@@ -827,7 +907,7 @@ void launch_decode_attention(const PagedAttentionArgs& a, cudaStream_t stream) {
   if (!mma || k.num_splits <= 1 || k.num_splits > kMaxDecodeSplitsMerged || merge_kernel_forced()) {
     k.split_tickets = nullptr;  // the combine kernel merges
   }
-  OSP_DISPATCH_ACT(k.act, QT, OSP_DISPATCH_KV(k.kv_dtype, KvT, {
+  OSP_DISPATCH_ACT(k.act, QT, OSP_DISPATCH_KV8(k.kv_dtype, KvT, {
                      if (k.hd == 64) {
                        launch_for_group<64, KvT, QT>(k, mma, stream);
                      } else {

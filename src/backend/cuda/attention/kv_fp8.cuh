@@ -71,6 +71,56 @@ __device__ __forceinline__ void store8_kv(KvT* p, const float (&v)[8], float inv
   }
 }
 
+// ---- I8 pages: one fp32 scale a (slot, KV head) row (ops::LayerKv) --------------
+
+// The C++ type of an I8 page element.
+using KvI8 = int8_t;
+
+// ops::kv_row_scale_index: where (slot, head)'s row scale lives
+// ([num_blocks, hk, block_size]).
+__device__ __forceinline__ int64_t i8_scale_index(int64_t slot, int head, int hk, int block_size) {
+  return (slot / block_size * hk + head) * block_size + slot % block_size;
+}
+
+template <class KvT>
+inline constexpr bool kIsKvI8 = std::is_same_v<KvT, KvI8>;
+
+// A row value's contribution to the row's amax: |x|, or infinity for NaN
+// and infinities (fmaxf would drop a NaN), so one max over the row says
+// both its largest magnitude and whether it is all finite.
+__device__ __forceinline__ float i8_amax_term(float x) { return isfinite(x) ? fabsf(x) : INFINITY; }
+
+// The row scale of a row whose i8_amax_term maximum is amax: amax / 127
+// (fp32 division), NaN for a row that holds a NaN or an infinity: core's
+// int8_row_quantize, bit for bit.
+__device__ __forceinline__ float i8_row_scale(float amax) {
+  return isfinite(amax) ? __fdiv_rn(amax, 127.0f) : __int_as_float(0x7fc00000);
+}
+
+// x under row scale s as int8_row_quantize stores it: x / s (fp32
+// division) to the nearest integer, ties to even; 0 where s is 0 or NaN.
+__device__ __forceinline__ int8_t i8_quantize(float x, float s) {
+  if (!(s > 0.0f)) return 0;
+  return static_cast<int8_t>(__float2int_rn(fminf(fmaxf(__fdiv_rn(x, s), -127.0f), 127.0f)));
+}
+
+// Eight int8 values packed into a uint2, lowest first.
+__device__ __forceinline__ uint2 i8_quantize8(const float (&v)[8], float s) {
+  uint32_t w[2] = {0u, 0u};
+#pragma unroll
+  for (int e = 0; e < 8; ++e) w[e / 4] |= static_cast<uint32_t>(static_cast<uint8_t>(i8_quantize(v[e], s))) << (8 * (e % 4));
+  return make_uint2(w[0], w[1]);
+}
+
+// Two int8 values (the low 16 bits of `pair`, low byte first) as the bits
+// of a half2 (low half first); exact: each byte b + 128 goes into the
+// mantissa of 1024 (0x64 high byte), and 1024 + 128 comes off.
+__device__ __forceinline__ uint32_t i8x2_to_half2_bits(uint32_t pair) {
+  const uint32_t biased = __byte_perm(pair ^ 0x8080u, 0x64u, 0x4140);
+  const __half2 h = __hsub2(*reinterpret_cast<const __half2*>(&biased), __half2half2(__ushort_as_half(0x6480)));
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
 }  // namespace osprey::cuda
 
 // Runs `body` with `KvT` bound to the C++ type of KV page dtype `dt`: the
@@ -83,4 +133,16 @@ __device__ __forceinline__ void store8_kv(KvT* p, const float (&v)[8], float inv
     } else {                                    \
       OSP_DISPATCH_FLOAT(dt, KvT, __VA_ARGS__); \
     }                                           \
+  } while (0)
+
+// As OSP_DISPATCH_KV, plus I8 -> KvI8, for the kernels that take I8 pages
+// (their row scales come with the kernel's arguments).
+#define OSP_DISPATCH_KV8(dt, KvT, ...)            \
+  do {                                            \
+    if ((dt) == ::osprey::DType::kI8) {           \
+      using KvT = ::osprey::cuda::KvI8;           \
+      __VA_ARGS__;                                \
+    } else {                                      \
+      OSP_DISPATCH_KV(dt, KvT, __VA_ARGS__);      \
+    }                                             \
   } while (0)

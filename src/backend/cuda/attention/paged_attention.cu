@@ -292,6 +292,7 @@ void launch_paged_attention(const PagedAttentionArgs& a, cudaStream_t stream) {
   OSP_CHECK(a.hk > 0 && a.hq % a.hk == 0);
   OSP_CHECK(a.hd > 0 && a.hd <= kMaxHeadDim);
   OSP_CHECK(a.num_splits >= 1 && a.num_splits <= kMaxCombineSplits);
+  OSP_CHECK_MSG(a.kv_dtype != DType::kI8, "I8 KV pages take the tensor-core decode and prefill kernels only");
   OSP_CHECK(a.num_splits == 1 || (a.part_acc != nullptr && a.part_ml != nullptr));
   OSP_DISPATCH_ACT(a.act, QT, OSP_DISPATCH_KV(a.kv_dtype, KvT, launch_for_kv<KvT, QT>(a, stream)));
 }

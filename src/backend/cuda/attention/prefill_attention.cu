@@ -268,8 +268,10 @@ void launch_typed(const PagedAttentionArgs& a, cudaStream_t stream) {
 // F8_E4M3 pages: the mma.sync kernel only (its F8 variant), which needs an
 // aligned out and a positive scale.
 bool prefill_attention_supported(const PagedAttentionArgs& a) {
-  const bool pages_ok =
-      a.kv_dtype == a.act || (a.kv_dtype == DType::kF8E4M3 && aligned16(a.out) && a.scale > 0.0f);
+  // One-byte pages take the mma.sync kernel (staged and widened), which needs these two.
+  const bool mma_kernel = aligned16(a.out) && a.scale > 0.0f;
+  const bool pages_ok = a.kv_dtype == a.act || (a.kv_dtype == DType::kF8E4M3 && mma_kernel) ||
+                        (a.kv_dtype == DType::kI8 && mma_kernel && a.k_row_scales && a.v_row_scales);
   return (a.act == DType::kBF16 || a.act == DType::kF16) && pages_ok && (a.hd == 64 || a.hd == 128) &&
          a.hk > 0 && a.hq % a.hk == 0 && a.num_splits == 1 && aligned16(a.q) && aligned16(a.k_cache) &&
          aligned16(a.v_cache);

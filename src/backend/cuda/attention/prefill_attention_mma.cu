@@ -30,7 +30,10 @@
 // next tile's copies start), then every thread converts its share into the
 // 16-bit tile ring (the e4m3 values are exact in BF16 and F16), and the
 // rest is the kernel above; the K scale goes on the scores and the V scale
-// on the output.
+// on the output. I8 pages (kKv8 == 2): the same staging, with each key's K
+// and V row scales staged beside the tile (4-byte cp.async), and the
+// conversion writes q * the row's scale rounded to the 16-bit type (the
+// per-layer scales are 1 then).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -52,7 +55,8 @@ constexpr float kLog2e = 1.4426950408889634f;
 
 // Block shape: kWarps warps of 16 * kR rows each (kM rows per block), key
 // tiles of kN.
-template <int kHd, int kWarps, int kR, int kN, bool kF8 = false>
+// kKv8: 0 for 16-bit pages, 1 for F8_E4M3, 2 for I8 (one byte a value, staged and widened).
+template <int kHd, int kWarps, int kR, int kN, int kKv8 = 0>
 struct MmaLayout {
   static constexpr int kM = 16 * kR * kWarps;
   static constexpr int kP = kHd + 8;  // element pitch of sQ, sK, sV rows (16-byte pad: conflict-free ldmatrix)
@@ -62,8 +66,9 @@ struct MmaLayout {
   static constexpr size_t range = v + 2 * sizeof(uint16_t) * kN * kP;  // int [kWarps][2]
   static constexpr size_t slot = range + sizeof(int) * kWarps * 2;  // int [2][kN]: KV slot per key, -1 past the range
   static constexpr size_t rows = slot + sizeof(int) * 2 * kN;       // int [2][kM]: each row's key range [lo, hi)
-  static constexpr size_t stage = rows + sizeof(int) * 2 * kM;  // F8: [K, V][kN][kHd] bytes, 16-byte aligned
-  static constexpr size_t bytes = stage + (kF8 ? size_t{2} * kN * kHd : 0);
+  static constexpr size_t stage = rows + sizeof(int) * 2 * kM;  // F8, I8: [K, V][kN][kHd] bytes, 16-byte aligned
+  static constexpr size_t scales = stage + (kKv8 ? size_t{2} * kN * kHd : 0);  // I8: float [K, V][kN] row scales
+  static constexpr size_t bytes = scales + (kKv8 == 2 ? sizeof(float) * 2 * kN : 0);
 };
 
 // The 16-bit element type T's MMA and packing: c[16x8] += a[16x16] b[16x8]
@@ -119,10 +124,12 @@ __device__ __forceinline__ void row_range(const PagedAttentionArgs& a, int q_beg
 // kQRegs: Q fragments live in registers for the whole key loop (else they
 // are re-read from shared memory at each k step, to save registers);
 // kMinBlocks: blocks per SM the register allocation must allow.
-template <class T, int kHd, int kWarps, int kR, int kN, bool kQRegs, int kMinBlocks, bool kF8>
+template <class T, int kHd, int kWarps, int kR, int kN, bool kQRegs, int kMinBlocks, int kKv8>
 __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
     prefill_attention_mma_kernel(PagedAttentionArgs a, int tiles_per_seq, PrefillOrder order) {
-  using L = MmaLayout<kHd, kWarps, kR, kN, kF8>;
+  using L = MmaLayout<kHd, kWarps, kR, kN, kKv8>;
+  constexpr bool kF8 = kKv8 != 0;  // one byte a value: staged, then widened (the layer scales are 1 for I8)
+  constexpr bool kI8 = kKv8 == 2;
   static_assert(L::stage % 16 == 0, "the staging area takes 16-byte copies");
   using M = Mma<T>;
   constexpr int kM = L::kM;
@@ -274,6 +281,15 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
       cp_async16(sStage + j * kHd + c * 16, kb8 + off, slot >= 0 ? 16 : 0);
       cp_async16(sStage + (kN + j) * kHd + c * 16, vb8 + off, slot >= 0 ? 16 : 0);
     }
+    if constexpr (kI8) {  // the keys' K, then V row scales (0 past the range)
+      float* sScale = reinterpret_cast<float*>(smem + L::scales);
+      for (int i = tid; i < 2 * kN; i += kThreads) {
+        const int j = i < kN ? i : i - kN;
+        const int slot = sSlot[buf * kN + j];
+        const float* rs = i < kN ? a.k_row_scales : a.v_row_scales;
+        cp_async4(sScale + i, rs + (slot >= 0 ? i8_scale_index(slot, kvh, a.hk, bs) : 0), slot >= 0 ? 4 : 0);
+      }
+    }
     cp_async_commit();
   };
   auto convert_tile = [&](int buf) {
@@ -284,8 +300,17 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
       const int c = i - row * (kHd / 8);
       const uint2 w = *reinterpret_cast<const uint2*>(sStage + row * kHd + c * 8);
       float f[8];
-      e4m3x4_to_float(w.x, f);
-      e4m3x4_to_float(w.y, f + 4);
+      if constexpr (kI8) {
+        const float sc = reinterpret_cast<const float*>(smem + L::scales)[row];  // K rows, then V rows
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          const uint32_t word = e < 4 ? w.x : w.y;
+          f[e] = static_cast<float>(static_cast<int8_t>((word >> (8 * (e % 4))) & 0xffu)) * sc;
+        }
+      } else {
+        e4m3x4_to_float(w.x, f);
+        e4m3x4_to_float(w.y, f + 4);
+      }
       T* dst = (row < kN ? dk + row * kP : dv + (row - kN) * kP) + c * 8;
       store8_act(dst, f);
     }
@@ -505,42 +530,42 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
   }
 }
 
-template <class T, int kHd, int kWarps, int kR, int kN, bool kQRegs, int kMinBlocks, bool kF8>
+template <class T, int kHd, int kWarps, int kR, int kN, bool kQRegs, int kMinBlocks, int kKv8>
 void launch_mma_typed(const PagedAttentionArgs& a, cudaStream_t stream, PrefillOrder order) {
-  using L = MmaLayout<kHd, kWarps, kR, kN, kF8>;
+  using L = MmaLayout<kHd, kWarps, kR, kN, kKv8>;
   const int group = a.hq / a.hk;
   const int tiles = static_cast<int>((int64_t{a.max_q_len} * group + L::kM - 1) / L::kM);
   const int64_t blocks = static_cast<int64_t>(a.num_seqs) * tiles * a.hk;
   OSP_CHECK_LE(blocks, int64_t{2147483647});
-  auto kernel = prefill_attention_mma_kernel<T, kHd, kWarps, kR, kN, kQRegs, kMinBlocks, kF8>;
+  auto kernel = prefill_attention_mma_kernel<T, kHd, kWarps, kR, kN, kQRegs, kMinBlocks, kKv8>;
   set_max_dynamic_smem_once(kernel, L::bytes);
   kernel<<<static_cast<unsigned>(blocks), kWarps * 32, L::bytes, stream>>>(a, tiles, order);
   OSP_CUDA_CHECK_LAUNCH();
 }
 
-template <class T, int kHd, bool kF8>
+template <class T, int kHd, int kKv8>
 void launch_variant(const PagedAttentionArgs& a, cudaStream_t stream, int variant, PrefillOrder order) {
   switch (variant) {
     case 1:
-      return launch_mma_typed<T, kHd, 4, 1, 64, true, 2, kF8>(a, stream, order);
+      return launch_mma_typed<T, kHd, 4, 1, 64, true, 2, kKv8>(a, stream, order);
     case 2:
-      return launch_mma_typed<T, kHd, 8, 1, 64, true, 1, kF8>(a, stream, order);
+      return launch_mma_typed<T, kHd, 8, 1, 64, true, 1, kKv8>(a, stream, order);
     case 3:
-      return launch_mma_typed<T, kHd, 4, 2, 32, false, 1, kF8>(a, stream, order);
+      return launch_mma_typed<T, kHd, 4, 2, 32, false, 1, kKv8>(a, stream, order);
     case 4:
-      return launch_mma_typed<T, kHd, 4, 2, 64, false, 1, kF8>(a, stream, order);
+      return launch_mma_typed<T, kHd, 4, 2, 64, false, 1, kKv8>(a, stream, order);
     case 5:
-      return launch_mma_typed<T, kHd, 8, 2, 32, false, 1, kF8>(a, stream, order);
+      return launch_mma_typed<T, kHd, 8, 2, 32, false, 1, kKv8>(a, stream, order);
     case 7:
-      return launch_mma_typed<T, kHd, 8, 1, 128, true, 1, kF8>(a, stream, order);
+      return launch_mma_typed<T, kHd, 8, 1, 128, true, 1, kKv8>(a, stream, order);
     case 8:
-      return launch_mma_typed<T, kHd, 12, 1, 48, false, 1, kF8>(a, stream, order);
+      return launch_mma_typed<T, kHd, 12, 1, 48, false, 1, kKv8>(a, stream, order);
     case 9:
-      return launch_mma_typed<T, kHd, 4, 2, 48, false, 1, kF8>(a, stream, order);
+      return launch_mma_typed<T, kHd, 4, 2, 48, false, 1, kKv8>(a, stream, order);
     case 10:  // 48 keys x 16 chunks of hd 128 split evenly over 256 threads; 64 keys at hd 64
-      return launch_mma_typed < T, kHd, 8, 2, kHd == 128 ? 48 : 64, false, 1, kF8 > (a, stream, order);
+      return launch_mma_typed < T, kHd, 8, 2, kHd == 128 ? 48 : 64, false, 1, kKv8> (a, stream, order);
     default:
-      return launch_mma_typed<T, kHd, 4, 1, 32, false, 3, kF8>(a, stream, order);
+      return launch_mma_typed<T, kHd, 4, 1, 32, false, 3, kKv8>(a, stream, order);
   }
 }
 
@@ -548,7 +573,8 @@ void launch_variant(const PagedAttentionArgs& a, cudaStream_t stream, int varian
 
 void launch_prefill_attention_mma(const PagedAttentionArgs& a, cudaStream_t stream, int variant, PrefillOrder order) {
   OSP_CHECK(a.hd == 64 || a.hd == 128);
-  OSP_CHECK((a.act == DType::kBF16 || a.act == DType::kF16) && (a.kv_dtype == a.act || a.kv_dtype == DType::kF8E4M3));
+  OSP_CHECK((a.act == DType::kBF16 || a.act == DType::kF16) &&
+            (a.kv_dtype == a.act || a.kv_dtype == DType::kF8E4M3 || a.kv_dtype == DType::kI8));
   OSP_CHECK(variant >= 0 && variant < kNumPrefillMmaVariants);
   if (variant == 0) {
     // 64-row blocks for short prompts; 128-row blocks of 8 warps x 16 rows
@@ -579,11 +605,20 @@ void launch_prefill_attention_mma(const PagedAttentionArgs& a, cudaStream_t stre
       launch_variant<T, 128, decltype(f8)::value>(a, stream, variant, order);
     }
   };
-  const bool f8 = a.kv_dtype == DType::kF8E4M3;
+  auto by_kv = [&](auto t) {
+    if (a.kv_dtype == DType::kF8E4M3) {
+      by_hd(t, std::integral_constant<int, 1>{});
+    } else if (a.kv_dtype == DType::kI8) {
+      OSP_CHECK(a.k_row_scales != nullptr && a.v_row_scales != nullptr);
+      by_hd(t, std::integral_constant<int, 2>{});
+    } else {
+      by_hd(t, std::integral_constant<int, 0>{});
+    }
+  };
   if (a.act == DType::kF16) {
-    f8 ? by_hd(__half{}, std::true_type{}) : by_hd(__half{}, std::false_type{});
+    by_kv(__half{});
   } else {
-    f8 ? by_hd(__nv_bfloat16{}, std::true_type{}) : by_hd(__nv_bfloat16{}, std::false_type{});
+    by_kv(__nv_bfloat16{});
   }
 }
 

@@ -148,13 +148,30 @@ __global__ void __launch_bounds__(kWarps * 32) qkv_rope_kernel(QkvRopeArgs a) {
     } else {
       const int kvh = is_k ? h - a.hq : h - a.hq - a.hk;
       KvT* cache = static_cast<KvT*>(is_k ? a.k_cache : a.v_cache);
-      KvT* dst = cache + (static_cast<int64_t>(slot) * a.hk + kvh) * hd;
-      const float inv = is_k ? a.k_inv_scale : a.v_inv_scale;
+      const int64_t kv_row = static_cast<int64_t>(slot) * a.hk + kvh;
+      KvT* dst = cache + kv_row * hd;
+      if constexpr (kIsKvI8<KvT>) {  // the warp holds the whole row: its max gives the row's scale
+        float amax = 0.0f;
 #pragma unroll
-      for (int c = 0; c < kChunks; ++c) {
-        const int d = lane + 32 * c;
-        // Rounded to the activation dtype first, as if k/v had been stored and kv_write had read them.
-        if (d < hd) dst[d] = kv_from_float<KvT>(to_float(from_float<T>(v[c])), inv);
+        for (int c = 0; c < kChunks; ++c) {
+          v[c] = to_float(from_float<T>(v[c]));  // dims past hd are 0
+          amax = fmaxf(amax, i8_amax_term(v[c]));
+        }
+        const float s = i8_row_scale(warp_max(amax));
+#pragma unroll
+        for (int c = 0; c < kChunks; ++c) {
+          const int d = lane + 32 * c;
+          if (d < hd) dst[d] = i8_quantize(v[c], s);
+        }
+        if (lane == 0) (is_k ? a.k_row_scales : a.v_row_scales)[i8_scale_index(slot, kvh, a.hk, a.block_size)] = s;
+      } else {
+        const float inv = is_k ? a.k_inv_scale : a.v_inv_scale;
+#pragma unroll
+        for (int c = 0; c < kChunks; ++c) {
+          const int d = lane + 32 * c;
+          // Rounded to the activation dtype first, as if k/v had been stored and kv_write had read them.
+          if (d < hd) dst[d] = kv_from_float<KvT>(to_float(from_float<T>(v[c])), inv);
+        }
       }
     }
   }
@@ -253,10 +270,24 @@ __global__ void __launch_bounds__(kVecThreads) qkv_rope_vec_kernel(QkvRopeArgs a
     v2[e] = to_float(from_float<T>(v2[e]));
   }
   const int kvh = is_k ? h - a.hq : h - a.hq - a.hk;
-  KvT* dst = static_cast<KvT*>(is_k ? a.k_cache : a.v_cache) + (static_cast<int64_t>(slot) * a.hk + kvh) * hd;
-  const float inv = is_k ? a.k_inv_scale : a.v_inv_scale;
-  store8_kv(dst + 8 * j, v1, inv);
-  store8_kv(dst + half + 8 * j, v2, inv);
+  const int64_t kv_row = static_cast<int64_t>(slot) * a.hk + kvh;
+  KvT* dst = static_cast<KvT*>(is_k ? a.k_cache : a.v_cache) + kv_row * hd;
+  if constexpr (kIsKvI8<KvT>) {
+    // The row's scale from the max over the head's `lanes` lanes (an aligned group of one warp).
+    float amax = 0.0f;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) amax = fmaxf(amax, fmaxf(i8_amax_term(v1[e]), i8_amax_term(v2[e])));
+    const unsigned group = lanes == 32 ? 0xffffffffu : ((1u << lanes) - 1u) << ((threadIdx.x & 31) & ~(lanes - 1));
+    for (int o = lanes / 2; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(group, amax, o));
+    const float s = i8_row_scale(amax);
+    *reinterpret_cast<uint2*>(dst + 8 * j) = i8_quantize8(v1, s);
+    *reinterpret_cast<uint2*>(dst + half + 8 * j) = i8_quantize8(v2, s);
+    if (j == 0) (is_k ? a.k_row_scales : a.v_row_scales)[i8_scale_index(slot, kvh, a.hk, a.block_size)] = s;
+  } else {
+    const float inv = is_k ? a.k_inv_scale : a.v_inv_scale;
+    store8_kv(dst + 8 * j, v1, inv);
+    store8_kv(dst + half + 8 * j, v2, inv);
+  }
 }
 
 }  // namespace
@@ -273,7 +304,7 @@ void launch_qkv_rope_kv_write(const QkvRopeArgs& a, cudaStream_t stream) {
     const int chunks = (heads * lanes + kVecThreads - 1) / kVecThreads;
     const dim3 grid(static_cast<unsigned>(a.n), static_cast<unsigned>(chunks));
     OSP_DISPATCH_ACT(a.act, T, {
-      OSP_DISPATCH_KV(a.cache_dtype, KvT, {
+      OSP_DISPATCH_KV8(a.cache_dtype, KvT, {
         launch_pdl_if(attention_pdl_enabled(), qkv_rope_vec_kernel<T, KvT>, grid, dim3(kVecThreads), 0, stream, a);
       });
     });
@@ -282,7 +313,7 @@ void launch_qkv_rope_kv_write(const QkvRopeArgs& a, cudaStream_t stream) {
   const int threads = 32 * std::min(kWarps, heads);
   const dim3 grid(static_cast<unsigned>(a.n), static_cast<unsigned>((heads + kWarps - 1) / kWarps));
   OSP_DISPATCH_ACT(a.act, T, {
-    OSP_DISPATCH_KV(a.cache_dtype, KvT, {
+    OSP_DISPATCH_KV8(a.cache_dtype, KvT, {
       launch_pdl_if(attention_pdl_enabled(), qkv_rope_kernel<T, KvT>, grid, dim3(static_cast<unsigned>(threads)), 0,
                     stream, a);
     });
