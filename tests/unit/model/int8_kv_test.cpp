@@ -12,54 +12,18 @@
 
 #include "engine/model_executor.h"
 #include "model/model.h"
+#include "kv_fixture_util.h"
 #include "sequence_runner.h"
 
 namespace osprey {
 namespace {
 
-std::string fixture_dir(const std::string& name) {
-  return std::string(OSPREY_SOURCE_DIR) + "/tests/fixtures/" + name;
-}
-
-nlohmann::json read_json(const std::string& path) {
-  std::ifstream in(path);
-  EXPECT_TRUE(in.good()) << "cannot open " << path;
-  return nlohmann::json::parse(in);
-}
+using testing::fixture_dir;
+using testing::logits_nmse;
+using testing::read_json;
 
 Expected<std::unique_ptr<Model>> load(const std::string& dir, ops::Backend& be, const std::string& kv) {
-  ModelLoadOptions o;
-  o.kv_cache_dtype = kv;
-  return Model::load(dir, be, o);
-}
-
-// NMSE of the model's logits at the prompt's reference positions against
-// its reference logits.
-double logits_nmse(Model& model, const nlohmann::json& prompt) {
-  const std::vector<int32_t> ids = prompt["ids"].get<std::vector<int32_t>>();
-  const auto positions = prompt["logits_positions"].get<std::vector<size_t>>();
-  const auto& ref_logits = prompt["logits"];
-  const int vocab = model.config().vocab_size;
-  testing::SequenceRunner runner(model, static_cast<int>(ids.size()) + 1);
-  const std::vector<float> logits = runner.feed(ids, true);
-  if (logits.size() != ids.size() * static_cast<size_t>(vocab)) {
-    ADD_FAILURE() << "logits of " << logits.size() << " values";
-    return 1e30;
-  }
-  double err = 0, norm = 0;
-  for (size_t i = 0; i < positions.size(); ++i) {
-    if (positions[i] >= ids.size()) {
-      ADD_FAILURE() << "position " << positions[i];
-      return 1e30;
-    }
-    for (int v = 0; v < vocab; ++v) {
-      const double r = ref_logits[i][static_cast<size_t>(v)].get<double>();
-      const double d = logits[positions[i] * static_cast<size_t>(vocab) + static_cast<size_t>(v)] - r;
-      err += d * d;
-      norm += r * r;
-    }
-  }
-  return err / std::max(norm, 1e-30);
+  return testing::load_with_kv(dir, be, kv);
 }
 
 // Bounds over these fixtures (hidden 64, 2 layers, random weights),
