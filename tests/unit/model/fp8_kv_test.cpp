@@ -18,8 +18,8 @@
 #include "../loader/fp8_checkpoint.h"
 #include "engine/kv_calibration.h"
 #include "engine/model_executor.h"
-#include "model/model.h"
 #include "kv_fixture_util.h"
+#include "model/model.h"
 #include "sequence_runner.h"
 
 namespace osprey {
@@ -28,58 +28,20 @@ namespace {
 namespace fs = std::filesystem;
 
 using testing::fixture_dir;
+using testing::kFp8KvMargin;
+using testing::kFp8KvNmse;
+using testing::load_with_kv;
 using testing::logits_nmse;
 using testing::read_json;
-
-Expected<std::unique_ptr<Model>> load(const std::string& dir, ops::Backend& be, const std::string& kv) {
-  return testing::load_with_kv(dir, be, kv);
-}
-
-// Logit error bounds of FP8 K and V pages (each value within 2^-4 relative
-// of itself, scale 1) over these fixtures (hidden 64, 2 layers, random
-// weights), measured here (2026-11-28): the worst prompt of each fixture
-// at NMSE 0.0023 - 0.0071, greedy divergences at reference top-2 margins up
-// to 0.03 of max |logit|. A wrong scale or layout gives NMSE ~1. A greedy
-// divergence is accepted where the reference's top-2 margin is at most
-// kFp8KvMargin of max |logit|.
-constexpr double kFp8KvNmse = 1.5e-2;
-constexpr double kFp8KvMargin = 0.05;
-
 
 class Fp8KvFixture : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Fp8KvFixture, LogitsAndGreedyNearTransformers) {
-  const std::string dir = fixture_dir(GetParam());
   auto backend = ops::make_cpu_backend(2);
-  auto model = load(dir, *backend, "fp8");
+  auto model = load_with_kv(fixture_dir(GetParam()), *backend, "fp8");
   ASSERT_TRUE(model.ok()) << model.status().to_string();
   ASSERT_EQ((*model)->kv_dtype(), DType::kF8E4M3);
-  const nlohmann::json expected = read_json(dir + "/expected.json");
-  double worst = 0;
-  for (const auto& p : expected["prompts"]) {
-    const std::vector<int32_t> ids = p["ids"].get<std::vector<int32_t>>();
-    ASSERT_EQ(p["logits"].size(), p["logits_positions"].size());
-    const double nmse = logits_nmse(**model, p);
-    worst = std::max(worst, nmse);
-    EXPECT_LE(nmse, kFp8KvNmse) << GetParam() << " prompt of " << ids.size() << " tokens";
-    if (ids.size() > 1) EXPECT_GT(nmse, 0.0) << "FP8 pages round K and V: the logits cannot be exact";
-    // Greedy: the first divergence from the reference must sit at a near tie
-    // of the reference's logits (its top-2 margin at that step).
-    const std::vector<int32_t> ref_greedy = p["greedy"].get<std::vector<int32_t>>();
-    const auto margins = p["greedy_margins"].get<std::vector<double>>();
-    const double max_abs = p["greedy_logits_max_abs"].get<double>();
-    testing::SequenceRunner gen(**model, static_cast<int>(ids.size() + ref_greedy.size()) + 1);
-    const std::vector<int32_t> got = gen.greedy(ids, static_cast<int>(ref_greedy.size()));
-    ASSERT_EQ(got.size(), ref_greedy.size());
-    size_t k = 0;
-    while (k < got.size() && got[k] == ref_greedy[k]) ++k;
-    if (k < got.size()) {
-      EXPECT_LE(margins[k], kFp8KvMargin * max_abs)
-          << GetParam() << ": greedy diverges at token " << k << " of " << got.size() << " without a near tie";
-      std::printf("%s prompt of %zu tokens: greedy diverges at token %zu (reference margin %.3g of max |logit|)\n",
-                  GetParam().c_str(), ids.size(), k, margins[k] / max_abs);
-    }
-  }
+  const double worst = testing::check_fixture_prompts(**model, GetParam(), kFp8KvNmse, kFp8KvMargin, "FP8 pages");
   std::printf("%s: fp8 KV logits NMSE <= %.3g\n", GetParam().c_str(), worst);
 }
 
@@ -94,7 +56,7 @@ TEST_P(Fp8KvFixture, LogitsAndGreedyNearTransformers) {
 TEST_P(Fp8KvFixture, CalibratedScalesComeFromTheCalibrationPrompt) {
   const std::string dir = fixture_dir(GetParam());
   auto f32_backend = ops::make_cpu_backend(2);
-  auto f32 = load(dir, *f32_backend, "float32");
+  auto f32 = load_with_kv(dir, *f32_backend, "float32");
   ASSERT_TRUE(f32.ok()) << f32.status().to_string();
   const ModelConfig& c = (*f32)->config();
   const std::vector<int32_t> tokens = kv_calibration_tokens(nullptr, c.vocab_size, 200);
@@ -117,7 +79,7 @@ TEST_P(Fp8KvFixture, CalibratedScalesComeFromTheCalibrationPrompt) {
   }
 
   auto backend = ops::make_cpu_backend(2);
-  auto loaded = load(dir, *backend, "fp8");
+  auto loaded = load_with_kv(dir, *backend, "fp8");
   ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
   Model* model = loaded->get();
   const nlohmann::json expected = read_json(dir + "/expected.json");
@@ -149,7 +111,7 @@ TEST_P(Fp8KvFixture, CalibratedScalesComeFromTheCalibrationPrompt) {
 
 TEST(Fp8Kv, CalibrationNeedsFp8PagesAndKeepsOthersAlone) {
   auto backend = ops::make_cpu_backend(2);
-  auto loaded = load(fixture_dir("llama"), *backend, "float32");
+  auto loaded = load_with_kv(fixture_dir("llama"), *backend, "float32");
   ASSERT_TRUE(loaded.ok());
   Model* model = loaded->get();
   EXPECT_FALSE(model->set_kv_scales({1.0f, 1.0f}, {1.0f, 1.0f}, "x").ok());  // not FP8 pages
@@ -161,7 +123,7 @@ TEST(Fp8Kv, CalibrationNeedsFp8PagesAndKeepsOthersAlone) {
   EXPECT_EQ(model->kv_scale_layers(), -1);
 
   auto b2 = ops::make_cpu_backend(2);
-  auto f8 = load(fixture_dir("llama"), *b2, "fp8");
+  auto f8 = load_with_kv(fixture_dir("llama"), *b2, "fp8");
   ASSERT_TRUE(f8.ok());
   const int layers = (*f8)->config().num_layers;
   EXPECT_FALSE((*f8)->set_kv_scales(std::vector<float>(layers, 1.0f), {}, "x").ok());  // sizes
@@ -202,10 +164,10 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, Fp8KvFixture,
 TEST(Fp8Kv, OptionNamesAndPageBytes) {
   auto backend = ops::make_cpu_backend(1);
   const std::string dir = fixture_dir("llama_gqa");
-  auto f32 = load(dir, *backend, "auto");
+  auto f32 = load_with_kv(dir, *backend, "auto");
   ASSERT_TRUE(f32.ok()) << f32.status().to_string();
   for (const char* name : {"fp8", "fp8_e4m3"}) {
-    auto m = load(dir, *backend, name);
+    auto m = load_with_kv(dir, *backend, name);
     ASSERT_TRUE(m.ok()) << name << ": " << m.status().to_string();
     EXPECT_EQ((*m)->kv_dtype(), DType::kF8E4M3);
     EXPECT_EQ((*m)->kv_bytes_per_token() * 4, (*f32)->kv_bytes_per_token());
@@ -213,7 +175,7 @@ TEST(Fp8Kv, OptionNamesAndPageBytes) {
     EXPECT_EQ((*m)->kv_k_scale(0), 1.0f);
     EXPECT_EQ((*m)->kv_v_scale(1), 1.0f);
   }
-  auto bad = load(dir, *backend, "int4");
+  auto bad = load_with_kv(dir, *backend, "int4");
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(bad.status().message().find("fp8"), std::string::npos) << bad.status().message();
@@ -253,7 +215,7 @@ TEST(Fp8Kv, CheckpointScalesAreReadAndUsed) {
     }
   });
   auto backend = ops::make_cpu_backend(2);
-  auto m = load(dir.string(), *backend, "fp8");
+  auto m = load_with_kv(dir.string(), *backend, "fp8");
   ASSERT_TRUE(m.ok()) << m.status().to_string();
   EXPECT_EQ((*m)->kv_k_scale(0), 0.125f);
   EXPECT_EQ((*m)->kv_k_scale(1), 0.25f);
@@ -267,7 +229,7 @@ TEST(Fp8Kv, CheckpointScalesAreReadAndUsed) {
   // The scales change what the pages hold: V values (|v| well under 1) / 3
   // fall into E4M3's coarser subnormal steps, so the logits move; still near
   // the model without them.
-  auto plain = load(fixture_dir("llama"), *backend, "fp8");
+  auto plain = load_with_kv(fixture_dir("llama"), *backend, "fp8");
   ASSERT_TRUE(plain.ok());
   EXPECT_EQ((*plain)->kv_scale_layers(), 0);  // the start-up log's warning
   EXPECT_EQ((*plain)->kv_scale_name(), "");
@@ -282,7 +244,7 @@ TEST(Fp8Kv, CheckpointScalesAreReadAndUsed) {
   }
   EXPECT_LT(err / norm, 5e-2);
   // Other KV dtypes ignore the scales.
-  auto f32 = load(dir.string(), *backend, "auto");
+  auto f32 = load_with_kv(dir.string(), *backend, "auto");
   ASSERT_TRUE(f32.ok());
   EXPECT_EQ((*f32)->kv_k_scale(0), 1.0f);
   EXPECT_EQ((*f32)->kv_scale_layers(), -1);
@@ -312,7 +274,7 @@ TEST(Fp8Kv, OtherToolsScaleNamesAreRead) {
         if (lay.v != nullptr) e.push_back({p + lay.v, DType::kBF16, {1}, std::vector<uint8_t>{0x00, 0x40}});  // 2.0
       }
     });
-    auto m = load(dir.string(), *backend, "fp8");
+    auto m = load_with_kv(dir.string(), *backend, "fp8");
     ASSERT_TRUE(m.ok()) << lay.tag << ": " << m.status().to_string();
     for (int l = 0; l < 2; ++l) {
       EXPECT_EQ((*m)->kv_k_scale(l), lay.want_k) << lay.tag;
@@ -329,7 +291,7 @@ TEST(Fp8Kv, OtherToolsScaleNamesAreRead) {
     e.push_back({"model.layers.0.self_attn.kv_scale", DType::kF32, {}, scalar(4.0f)});
     e.push_back({"model.layers.1.self_attn.v_proj.v_scale", DType::kF32, {}, scalar(-1.0f)});
   });
-  auto m = load(dir.string(), *backend, "fp8");
+  auto m = load_with_kv(dir.string(), *backend, "fp8");
   ASSERT_FALSE(m.ok());
   EXPECT_NE(m.status().message().find("model.layers.1.self_attn.v_proj.v_scale"), std::string::npos)
       << m.status().message();
@@ -338,7 +300,7 @@ TEST(Fp8Kv, OtherToolsScaleNamesAreRead) {
     e.push_back({"model.layers.0.self_attn.k_scale", DType::kF32, {}, scalar(0.25f)});
     e.push_back({"model.layers.0.self_attn.kv_scale", DType::kF32, {}, scalar(4.0f)});
   });
-  auto m2 = load(dir2.string(), *backend, "fp8");
+  auto m2 = load_with_kv(dir2.string(), *backend, "fp8");
   ASSERT_TRUE(m2.ok()) << m2.status().to_string();
   EXPECT_EQ((*m2)->kv_k_scale(0), 0.25f);
   EXPECT_EQ((*m2)->kv_v_scale(0), 4.0f);  // V's only name here is kv_scale
@@ -367,13 +329,13 @@ TEST(Fp8Kv, MalformedCheckpointScalesAreRefused) {
             "positive"},
         Bad{"int", {"model.layers.0.self_attn.k_scale", DType::kI32, {}, std::vector<uint8_t>(4, 1)}, "one float"}}) {
     const fs::path dir = with_kv_scales(bad.tag, [&](std::vector<testing::StEntry>& e) { e.push_back(bad.entry); });
-    auto m = load(dir.string(), *backend, "fp8");
+    auto m = load_with_kv(dir.string(), *backend, "fp8");
     ASSERT_FALSE(m.ok()) << bad.tag;
     EXPECT_EQ(m.status().code(), StatusCode::kCorrupt) << bad.tag;
     EXPECT_NE(m.status().message().find(bad.entry.name), std::string::npos) << m.status().message();
     EXPECT_NE(m.status().message().find(bad.want), std::string::npos) << m.status().message();
     // A model without FP8 pages does not read them.
-    EXPECT_TRUE(load(dir.string(), *backend, "auto").ok()) << bad.tag;
+    EXPECT_TRUE(load_with_kv(dir.string(), *backend, "auto").ok()) << bad.tag;
     fs::remove_all(dir);
   }
 }
@@ -405,7 +367,7 @@ TEST(Fp8Kv, CalibrationAvoidsSaturation) {
   const std::vector<int32_t> prompt = read_json(fixture_dir("llama") + "/expected.json")["prompts"].back()["ids"];
   auto logits_of = [&](const std::string& kv, bool calibrate, float* k_amax) {
     auto backend = ops::make_cpu_backend(2);
-    auto loaded = load(dir.string(), *backend, kv);
+    auto loaded = load_with_kv(dir.string(), *backend, kv);
     EXPECT_TRUE(loaded.ok()) << loaded.status().to_string();
     Model* model = loaded->get();
     const int vocab = model->config().vocab_size;
