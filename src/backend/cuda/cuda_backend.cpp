@@ -470,11 +470,9 @@ void CudaBackend::run_qkv_rope(const Tensor* rms_x, float rms_eps, const Tensor*
     a.k_inv_scale = 1.0f / kv.k_scale;
     a.v_inv_scale = 1.0f / kv.v_scale;
   }
-  if (a.cache_dtype == DType::kI8) {
-    a.k_row_scales = kv.k_row_scales.data_as<float>();
-    a.v_row_scales = kv.v_row_scales.data_as<float>();
-    a.block_size = static_cast<int>(kv.k.dim(1));
-  }
+  a.k_row_scales = kv.k_row_scales.data_as<float>();  // null but for I8 pages (check_kv_pages)
+  a.v_row_scales = kv.v_row_scales.data_as<float>();
+  a.block_size = static_cast<int>(kv.k.dim(1));
   a.num_slots = kv.k.dim(0) * kv.k.dim(1);
   if (rms_x) {
     a.rms_inv = row_inv_rms_pass(*rms_x, rms_eps);

@@ -68,10 +68,8 @@ void CudaBackend::kv_write(const Tensor& k, const Tensor& v, const ops::Attentio
   bind_device();
   launch_kv_write(k.dtype(), k.data(), v.data(), batch.slot_mapping, batch.num_tokens, static_cast<int>(k.dim(1)),
                   static_cast<int>(k.dim(2)), kv.k.dtype(), kv.k.data(), kv.v.data(), kv.k.dim(0) * kv.k.dim(1),
-                  1.0f / kv.k_scale, 1.0f / kv.v_scale,
-                  kv.k.dtype() == DType::kI8 ? kv.k_row_scales.data_as<float>() : nullptr,
-                  kv.k.dtype() == DType::kI8 ? kv.v_row_scales.data_as<float>() : nullptr, static_cast<int>(kv.k.dim(1)),
-                  stream_);
+                  1.0f / kv.k_scale, 1.0f / kv.v_scale, kv.k_row_scales.data_as<float>(),
+                  kv.v_row_scales.data_as<float>(), static_cast<int>(kv.k.dim(1)), stream_);
 }
 
 void CudaBackend::paged_attention(const Tensor& q, const ops::LayerKv& kv, const ops::AttentionBatch& batch,
@@ -104,10 +102,8 @@ void CudaBackend::paged_attention(const Tensor& q, const ops::LayerKv& kv, const
     a.k_scale = kv.k_scale;
     a.v_scale = kv.v_scale;
   }
-  if (a.kv_dtype == DType::kI8) {
-    a.k_row_scales = kv.k_row_scales.data_as<float>();
-    a.v_row_scales = kv.v_row_scales.data_as<float>();
-  }
+  a.k_row_scales = kv.k_row_scales.data_as<float>();  // null but for I8 pages (check_kv_pages)
+  a.v_row_scales = kv.v_row_scales.data_as<float>();
   a.num_blocks = static_cast<int>(kv.k.dim(0));
   a.block_size = static_cast<int>(kv.k.dim(1));
   a.hq = hq;

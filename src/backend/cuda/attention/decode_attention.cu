@@ -258,6 +258,12 @@ constexpr float kLn2 = 0.6931471805599453f;
 // followed by its keys' K and V row scales, [2][kTileKeys] fp32), reused
 // after the key loop for the merge (sO [kMmaWarps][kG][kHd], sM, sL
 // [kMmaWarps][kG], fp32).
+// I8 pages: the bytes of a stage's row scales (K and V of its kTileKeys keys).
+template <class KvT>
+constexpr int mma_scale_bytes() {
+  return kIsKvI8<KvT> ? 2 * kTileKeys * static_cast<int>(sizeof(float)) : 0;
+}
+
 template <int kHd, int kG, int kValueBytes = 2, int kScaleBytes = 0>
 constexpr size_t mma_smem_bytes() {
   constexpr size_t pipe = size_t{kMmaWarps} * kStages * (2 * kTileKeys * kHd * kValueBytes + kScaleBytes);
@@ -416,7 +422,7 @@ __global__ void __launch_bounds__(kMmaThreads) mma_decode_kernel(PagedAttentionA
   constexpr int kRowBytes = kHd * static_cast<int>(sizeof(KvT));
   constexpr int kChunks = kRowBytes / 16;               // 16-byte chunks per key row
   constexpr int kTileBytes = kTileKeys * kRowBytes;     // one K or V tile
-  constexpr int kScaleBytes = kI8 ? 2 * kTileKeys * static_cast<int>(sizeof(float)) : 0;  // a stage's row scales
+  constexpr int kScaleBytes = mma_scale_bytes<KvT>();  // a stage's row scales
   constexpr int kStageBytes = 2 * kTileBytes + kScaleBytes;
   constexpr int kRowsPerStep = 32 / kChunks;            // key rows one warp-wide copy step covers
   constexpr int kCopySteps = kTileKeys / kRowsPerStep;  // 16-byte copies per lane per K (or V) tile
@@ -504,7 +510,7 @@ __global__ void __launch_bounds__(kMmaThreads) mma_decode_kernel(PagedAttentionA
     unsigned char* sv = sk + kTileBytes;
     if constexpr (kI8) {  // lane l: the K (l < 16) or V row scale of key l % 16, whose slot it holds
       const float* rs = lane < kTileKeys ? a.k_row_scales : a.v_row_scales;
-      const int64_t src = slot >= 0 ? i8_scale_index(slot, kvh, a.hk, bs) : 0;
+      const int64_t src = slot >= 0 ? ops::kv_row_scale_index(slot, kvh, a.hk, bs) : 0;
       cp_async4(sv + kTileBytes + lane * sizeof(float), rs + src, slot >= 0 ? 4 : 0);
     }
     const int c = lane % kChunks;
@@ -785,8 +791,7 @@ __global__ void __launch_bounds__(kMmaThreads) mma_decode_kernel(PagedAttentionA
 
 template <int kHd, int kG, class T, class KvT>
 void launch_mma(const PagedAttentionArgs& a, cudaStream_t stream) {
-  constexpr size_t smem =
-      mma_smem_bytes<kHd, kG, static_cast<int>(sizeof(KvT)), kIsKvI8<KvT> ? 2 * kTileKeys * static_cast<int>(sizeof(float)) : 0>();
+  constexpr size_t smem = mma_smem_bytes<kHd, kG, static_cast<int>(sizeof(KvT)), mma_scale_bytes<KvT>()>();
   auto kernel = mma_decode_kernel<kHd, kG, T, KvT>;
   if constexpr (smem > 48 * 1024) set_max_dynamic_smem_once(kernel, smem);
   const dim3 grid(static_cast<unsigned>(a.num_seqs), static_cast<unsigned>(a.hk), static_cast<unsigned>(a.num_splits));
@@ -800,7 +805,7 @@ void launch_mma(const PagedAttentionArgs& a, cudaStream_t stream) {
 template <int kHd, class KvT, class QT>
 void launch_for_group(const PagedAttentionArgs& a, bool mma, cudaStream_t stream) {
   auto go = [&](auto g) {
-    constexpr int kG = decltype(g)::value;
+    [[maybe_unused]] constexpr int kG = decltype(g)::value;  // unused on the I8 + F32 q refusal
     if constexpr ((std::is_same_v<KvT, QT> || kIsKvF8<KvT> || kIsKvI8<KvT>) && !std::is_same_v<QT, float>) {
       if (mma) {
         launch_mma<kHd, kG, QT, KvT>(a, stream);

@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "backend/cuda/device_common.cuh"
+#include "ops/backend.h"  // ops::kv_row_scale_index: where an I8 row's scale lives
 
 namespace osprey::cuda {
 
@@ -75,12 +76,6 @@ __device__ __forceinline__ void store8_kv(KvT* p, const float (&v)[8], float inv
 
 // The C++ type of an I8 page element.
 using KvI8 = int8_t;
-
-// ops::kv_row_scale_index: where (slot, head)'s row scale lives
-// ([num_blocks, hk, block_size]).
-__device__ __forceinline__ int64_t i8_scale_index(int64_t slot, int head, int hk, int block_size) {
-  return (slot / block_size * hk + head) * block_size + slot % block_size;
-}
 
 template <class KvT>
 inline constexpr bool kIsKvI8 = std::is_same_v<KvT, KvI8>;

@@ -64,7 +64,7 @@ __global__ void kv_write_i8_kernel(const S* __restrict__ k, const S* __restrict_
       const int d = lane + 32 * c;
       if (d < hd) dst[d] = i8_quantize(x[c], s);
     }
-    if (lane == 0) (is_k ? k_scales : v_scales)[i8_scale_index(slot, h, hk, block_size)] = s;
+    if (lane == 0) (is_k ? k_scales : v_scales)[ops::kv_row_scale_index(slot, h, hk, block_size)] = s;
   }
 }
 

@@ -287,7 +287,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
         const int j = i < kN ? i : i - kN;
         const int slot = sSlot[buf * kN + j];
         const float* rs = i < kN ? a.k_row_scales : a.v_row_scales;
-        cp_async4(sScale + i, rs + (slot >= 0 ? i8_scale_index(slot, kvh, a.hk, bs) : 0), slot >= 0 ? 4 : 0);
+        cp_async4(sScale + i, rs + (slot >= 0 ? ops::kv_row_scale_index(slot, kvh, a.hk, bs) : 0), slot >= 0 ? 4 : 0);
       }
     }
     cp_async_commit();

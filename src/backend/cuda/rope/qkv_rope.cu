@@ -163,7 +163,7 @@ __global__ void __launch_bounds__(kWarps * 32) qkv_rope_kernel(QkvRopeArgs a) {
           const int d = lane + 32 * c;
           if (d < hd) dst[d] = i8_quantize(v[c], s);
         }
-        if (lane == 0) (is_k ? a.k_row_scales : a.v_row_scales)[i8_scale_index(slot, kvh, a.hk, a.block_size)] = s;
+        if (lane == 0) (is_k ? a.k_row_scales : a.v_row_scales)[ops::kv_row_scale_index(slot, kvh, a.hk, a.block_size)] = s;
       } else {
         const float inv = is_k ? a.k_inv_scale : a.v_inv_scale;
 #pragma unroll
@@ -282,7 +282,7 @@ __global__ void __launch_bounds__(kVecThreads) qkv_rope_vec_kernel(QkvRopeArgs a
     const float s = i8_row_scale(amax);
     *reinterpret_cast<uint2*>(dst + 8 * j) = i8_quantize8(v1, s);
     *reinterpret_cast<uint2*>(dst + half + 8 * j) = i8_quantize8(v2, s);
-    if (j == 0) (is_k ? a.k_row_scales : a.v_row_scales)[i8_scale_index(slot, kvh, a.hk, a.block_size)] = s;
+    if (j == 0) (is_k ? a.k_row_scales : a.v_row_scales)[ops::kv_row_scale_index(slot, kvh, a.hk, a.block_size)] = s;
   } else {
     const float inv = is_k ? a.k_inv_scale : a.v_inv_scale;
     store8_kv(dst + 8 * j, v1, inv);
