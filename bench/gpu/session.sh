@@ -25,6 +25,12 @@
 #                "tag|extra args" of PPL_RUNS against the first run
 #                (default "bf16|;fp8|--kv-cache-dtype fp8;fp8cal|--kv-cache-dtype
 #                fp8 --calculate-kv-scales")
+#   opbench      gpu_op_bench per ";"-separated "tag|VAR=value ...|args" of
+#                OP_RUNS (e.g. "g7|OSPREY_BENCH_HEADS=28,4|decode-attention");
+#                each run's output also goes to $OUT/op_<tag>.txt
+#   modelbench   model_bench per ";"-separated "tag|VAR=value ...|args" of
+#                MB_RUNS (e.g. "q7|OSPREY_DECODE_ATTENTION=simt|qwen2.5-7b
+#                bfloat16 --decode-only"); output also in $OUT/mb_<tag>.txt
 # Output ($OUT): session.log (steps, times, the lines that matter) and
 # session_logs.tgz (every tool's log). Env: END_S (seconds from the start by
 # which to stop starting steps, default 570), JOBS (ninja, default nproc),
@@ -146,6 +152,25 @@ step_perplexity() {
   done
   return $rc
 }
+
+# Runs binary $1 once per ";"-separated "tag|VAR=value ...|args" of $2,
+# output to $OUT/$3_<tag>.txt (and the log's summary lines matching $4).
+run_tagged() {
+  local b; b=$(find_bin "$1") || return 1
+  local run tag vars args rc=0
+  IFS=';' read -ra runs <<< "$2"
+  for run in "${runs[@]}"; do
+    IFS='|' read -r tag vars args <<< "$run"
+    (( $(el) < end_s - 20 )) || { say "  $3 $tag: no time left"; rc=1; continue; }
+    # shellcheck disable=SC2086  # vars, args: words on purpose
+    timeout $(( end_s - $(el) )) env $vars "$b" $args > "$out/$3_$tag.txt" 2>&1 || rc=1
+    say "  $3 $tag ($vars $args): $(grep -cE '.' "$out/$3_$tag.txt") lines"
+    grep -E "$4" "$out/$3_$tag.txt" | head -8 | tee -a "$log"
+  done
+  return $rc
+}
+step_opbench() { run_tagged gpu_op_bench "${OP_RUNS:?OP_RUNS}" op "^decode attention|^copy"; }
+step_modelbench() { run_tagged model_bench "${MB_RUNS:?MB_RUNS}" mb "MBU|ms/step"; }
 
 for s in ${STEPS:-build}; do
   if (( $(el) >= end_s )); then say "== $s: skipped (END_S)"; continue; fi

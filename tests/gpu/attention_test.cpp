@@ -3,7 +3,8 @@
 // block sizes, GQA and MQA ratios, head dims 16..256, F32/F16/BF16 pages,
 // sliding windows, long contexts (split KV and its merge), empty batches;
 // decode steps with 16-bit q and pages (the tensor-core decode kernel): odd
-// lengths, page boundaries, G = 1/2/4/8, hd 64/128, windows, forced splits,
+// lengths, page boundaries, every G from 1 to 16 (past 8 in blocks of 8
+// query heads), hd 64/128, windows, forced splits,
 // one sequence at every count of used splits, and the in-kernel split merge
 // repeated and replayed from a CUDA graph (its counters reset every launch);
 // F8_E4M3 pages with K and V scales (decode, prefill and mixed steps, every
@@ -273,6 +274,59 @@ TEST_F(AttentionTest, Decode16AcrossGroupsHeadDimsAndBlockSizes) {
   }
 }
 
+// G other than 1, 2, 4 and 8 on the tensor-core kernel: SmolLM2 (9 / 3),
+// Llama-3.2-3B (24 / 8), Qwen2.5-7B (28 / 4), Qwen2.5-1.5B (12 / 2),
+// Qwen2.5-14B (40 / 8), and past 8 (two blocks a KV head): 12 / 1 (8 + 4),
+// 16 / 1, and Llama-3.1-405B's 16 per KV head, with windows, many sequences
+// and one long sequence (the in-kernel merge over a block's part of the heads).
+TEST_F(AttentionTest, Decode16EveryGroupSize) {
+  uint32_t seed = 850;
+  for (DType t : {DType::kBF16, DType::kF16}) {
+    for (Config c : {Config{9, 3, 64, 16, t}, Config{24, 8, 128, 16, t}, Config{28, 4, 128, 16, t},
+                     Config{12, 2, 128, 7, t}, Config{40, 8, 128, 16, t}, Config{3, 1, 64, 16, t},
+                     Config{12, 1, 128, 16, t}, Config{16, 1, 64, 32, t}, Config{32, 2, 128, 16, t}}) {
+      check_decode16(gpu(), cpu(), t, c, kDecodeLens, 0, seed += 7);
+      check_decode16(gpu(), cpu(), t, c, kDecodeLens, 0, seed += 7, /*zero_k=*/true);
+      check_decode16(gpu(), cpu(), t, c, kDecodeLens, 100, seed += 7);
+      check_decode16(gpu(), cpu(), t, c, {20000}, 0, seed += 7, true);  // one sequence: many splits
+    }
+  }
+}
+
+// The decode kernel the backend picks: the tensor-core one for every G with
+// 16-bit q and 16-bit, F8 or I8 pages; the SIMT one (F32 q) only for G = 1,
+// 2, 4 and 8 (other G run on the generic kernel); and the block count its
+// split plan and in-kernel merge count on.
+TEST(DecodeKernelChoice, TensorCoreKernelTakesEveryGroupSize) {
+  alignas(16) static unsigned char pages[64];
+  alignas(16) static float row_scales[4];
+  for (int g = 1; g <= 24; ++g) {
+    cuda::PagedAttentionArgs a;
+    a.hk = 4;
+    a.hq = 4 * g;
+    a.hd = 128;
+    a.num_seqs = 10;
+    a.k_cache = pages;
+    a.v_cache = pages;
+    a.k_row_scales = row_scales;
+    a.v_row_scales = row_scales;
+    for (DType act : {DType::kBF16, DType::kF16}) {
+      for (DType kv : {act, DType::kF8E4M3, DType::kI8}) {
+        a.act = act;
+        a.kv_dtype = kv;
+        EXPECT_TRUE(cuda::decode_attention_supported(a)) << "G=" << g << " kv " << dtype_name(kv);
+        EXPECT_EQ(cuda::decode_blocks_per_split(a), 10 * 4 * ((g + 7) / 8)) << "G=" << g;
+      }
+    }
+    a.act = DType::kF32;
+    a.kv_dtype = DType::kF32;
+    EXPECT_EQ(cuda::decode_attention_supported(a), g == 1 || g == 2 || g == 4 || g == 8) << "G=" << g;
+    a.act = DType::kBF16;  // F32 pages under 16-bit q: the SIMT kernel
+    EXPECT_EQ(cuda::decode_attention_supported(a), g == 1 || g == 2 || g == 4 || g == 8) << "G=" << g;
+    EXPECT_EQ(cuda::decode_blocks_per_split(a), 40) << "G=" << g;
+  }
+}
+
 TEST_F(AttentionTest, Decode16PeakyScoresWindowsAndSingleToken) {
   uint32_t seed = 900;
   for (DType t : {DType::kBF16, DType::kF16}) {
@@ -351,8 +405,12 @@ struct DeviceStep {
 // launch) run five times eagerly and five times from a CUDA graph, the
 // output poisoned before each run: every run gives the first one's bytes.
 TEST_F(AttentionTest, Decode16SplitMergeRepeatsAndGraphReplays) {
-  const Config c{32, 8, 128, 16, DType::kBF16};
-  for (const std::vector<int>& lens : std::vector<std::vector<int>>{{3000}, {700, 5000, 33}}) {
+  // G = 8, 7, and 12 (two blocks a KV head, each with its own counter).
+  for (const auto& [c, lens] : std::vector<std::pair<Config, std::vector<int>>>{
+           {Config{32, 8, 128, 16, DType::kBF16}, {3000}},
+           {Config{32, 8, 128, 16, DType::kBF16}, {700, 5000, 33}},
+           {Config{28, 4, 128, 16, DType::kBF16}, {700, 5000, 33}},
+           {Config{24, 2, 64, 16, DType::kBF16}, {4000, 9, 1500}}}) {
     std::vector<SeqSpec> seqs;
     for (int len : lens) seqs.push_back({1, len});
     DeviceStep st(gpu(), c, seqs, 77);
@@ -363,7 +421,7 @@ TEST_F(AttentionTest, Decode16SplitMergeRepeatsAndGraphReplays) {
     for (int rep = 0; rep < 5; ++rep) {
       st.fill_poison(gpu());
       run();
-      EXPECT_EQ(st.output(gpu()), want) << "eager run " << rep << " lens[0]=" << lens[0];
+      EXPECT_EQ(st.output(gpu()), want) << "eager run " << rep << " hq=" << c.hq << " lens[0]=" << lens[0];
     }
     if (!gpu().supports_graphs()) continue;
     gpu().begin_capture();
@@ -373,7 +431,7 @@ TEST_F(AttentionTest, Decode16SplitMergeRepeatsAndGraphReplays) {
     for (int rep = 0; rep < 5; ++rep) {
       st.fill_poison(gpu());
       graph->launch();
-      EXPECT_EQ(st.output(gpu()), want) << "graph replay " << rep << " lens[0]=" << lens[0];
+      EXPECT_EQ(st.output(gpu()), want) << "graph replay " << rep << " hq=" << c.hq << " lens[0]=" << lens[0];
     }
   }
 }
@@ -389,11 +447,14 @@ TEST_F(AttentionTest, Decode16LongestFirstOrderIsBitIdentical) {
   std::mt19937 rng(31);
   std::vector<int> many;
   for (int i = 0; i < 150; ++i) many.push_back(1 + static_cast<int>(rng() % 900));
-  for (const std::vector<int>& lens : std::vector<std::vector<int>>{many, {700, 5000, 33}, {64, 0, 2000, 0, 1}}) {
+  const Config c12{24, 2, 64, 16, DType::kBF16};  // G = 12: two blocks a KV head
+  for (const auto& [cs, lens] : std::vector<std::pair<Config, std::vector<int>>>{
+           {c, many}, {c, {700, 5000, 33}}, {c, {64, 0, 2000, 0, 1}}, {c12, many}, {c12, {64, 0, 2000, 0, 1}}}) {
     std::vector<SeqSpec> seqs;
     for (int len : lens) seqs.push_back({1, len});
-    DeviceStep st(gpu(), c, seqs, 91);
-    const std::string what = "seqs=" + std::to_string(lens.size()) + " lens[0]=" + std::to_string(lens[0]);
+    DeviceStep st(gpu(), cs, seqs, 91);
+    const std::string what =
+        "hq=" + std::to_string(cs.hq) + " seqs=" + std::to_string(lens.size()) + " lens[0]=" + std::to_string(lens[0]);
     st.run(gpu(), st.db.b);
     const auto want = st.output(gpu());
     ASSERT_NE(want, st.poison) << what;
@@ -460,6 +521,8 @@ TEST_F(AttentionSplitTest, ForcedSplitsMatch) {
       check_decode16(gpu(), cpu(), t, Config{32, 8, 128, 16, t}, kDecodeLens, 0, seed += 7);
       check_decode16(gpu(), cpu(), t, Config{8, 4, 64, 7, t}, kDecodeLens, 0, seed += 7, true);
       check_decode16(gpu(), cpu(), t, Config{16, 2, 128, 16, t}, kDecodeLens, 33, seed += 7, true);
+      check_decode16(gpu(), cpu(), t, Config{12, 2, 128, 16, t}, kDecodeLens, 0, seed += 7, true);
+      check_decode16(gpu(), cpu(), t, Config{24, 2, 64, 7, t}, kDecodeLens, 0, seed += 7);
     }
   }
 }
@@ -513,7 +576,8 @@ TEST_F(AttentionTest, F8PagesDecodeAcrossGroupsHeadDimsAndBlockSizes) {
   for (DType act : {DType::kBF16, DType::kF16, DType::kF32}) {
     for (Config c :
          {Config{8, 8, 128, 16, act}, Config{32, 8, 128, 16, act}, Config{16, 2, 128, 16, act},
-          Config{4, 4, 64, 16, act}, Config{8, 4, 64, 7, act}, Config{16, 2, 64, 1, act}, Config{32, 8, 128, 5, act}}) {
+          Config{4, 4, 64, 16, act}, Config{8, 4, 64, 7, act}, Config{16, 2, 64, 1, act}, Config{32, 8, 128, 5, act},
+          Config{9, 3, 64, 16, act}, Config{28, 4, 128, 16, act}, Config{24, 2, 128, 16, act}}) {
       std::vector<SeqSpec> seqs;
       for (int len : kDecodeLens) seqs.push_back({1, len});
       check_f8(gpu(), cpu(), act, c, seqs, 0, seed += 7);
@@ -649,7 +713,8 @@ TEST_F(AttentionTest, I8PagesDecodeAcrossGroupsHeadDimsAndBlockSizes) {
   for (DType act : {DType::kBF16, DType::kF16}) {
     for (Config c :
          {Config{8, 8, 128, 16, act}, Config{32, 8, 128, 16, act}, Config{16, 2, 128, 16, act},
-          Config{4, 4, 64, 16, act}, Config{8, 4, 64, 7, act}, Config{16, 2, 64, 1, act}, Config{32, 8, 128, 5, act}}) {
+          Config{4, 4, 64, 16, act}, Config{8, 4, 64, 7, act}, Config{16, 2, 64, 1, act}, Config{32, 8, 128, 5, act},
+          Config{9, 3, 64, 16, act}, Config{28, 4, 128, 16, act}, Config{24, 2, 128, 16, act}}) {
       std::vector<SeqSpec> seqs;
       for (int len : kDecodeLens) seqs.push_back({1, len});
       check_i8(gpu(), cpu(), act, c, seqs, 0, seed += 7);

@@ -76,8 +76,7 @@ class CudaBackend final : public ops::Backend {
   void scale_columns(Tensor& w, const Tensor& scale) override;
   bool supports_fp8_weights(DType act) const override;
   // I8 pages: the tensor-core decode and mma.sync prefill kernels' shapes
-  // (BF16 / F16 q, head_dim 64 or 128; decode steps of G other than 1, 2, 4
-  // or 8 on the prefill kernel); every other page dtype.
+  // (BF16 / F16 q, head_dim 64 or 128, any G); every other page dtype.
   bool supports_kv_dtype(DType kv, DType act, int head_dim, int group) const override;
   Status quantize_weight_fp8(const Tensor& w, Tensor& q) override;
   // qkv_rope_kv_write's kernels with the row scale (rope/qkv_rope.cu).

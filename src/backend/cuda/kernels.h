@@ -297,10 +297,15 @@ void launch_paged_attention(const PagedAttentionArgs& args, cudaStream_t stream)
 void launch_combine_splits(const PagedAttentionArgs& args, cudaStream_t stream);
 
 // Decode steps (num_tokens == num_seqs, one query token each): the
-// GQA-aware split-KV kernel of attention/decode_attention.cu. Supported for
-// head_dim 64/128 and G = hq / hk in {1, 2, 4, 8} with 16-byte aligned pages;
-// otherwise use launch_paged_attention.
+// GQA-aware split-KV kernels of attention/decode_attention.cu. Supported for
+// head_dim 64/128 with 16-byte aligned pages and, on the tensor-core kernel
+// (BF16/F16 q with pages of that dtype, F8_E4M3 or I8), any G = hq / hk;
+// on the SIMT kernel (F32 q, or OSPREY_DECODE_ATTENTION=simt) G in
+// {1, 2, 4, 8}; otherwise use launch_paged_attention.
 bool decode_attention_supported(const PagedAttentionArgs& args);
+// The decode kernel's blocks per split: num_seqs * hk, times ceil(G / 8) on
+// the tensor-core kernel; its in-kernel split merge takes one counter each.
+int64_t decode_blocks_per_split(const PagedAttentionArgs& args);
 // Sets args.num_splits and args.min_keys_per_split for the decode kernel
 // launch_decode_attention will pick, from num_seqs, the shapes and dtypes and
 // the device's SM count only (graph contract).

@@ -8,7 +8,9 @@
 // `gpu_op_bench decode-attention` runs only the copy ceiling and the decode
 // attention sweep (BF16 q and pages, Llama-3-8B heads, batch x context; the
 // kernel is the one CudaBackend picks, OSPREY_DECODE_ATTENTION=simt forces
-// the SIMT one for an A/B).
+// the SIMT one for an A/B, or the generic one where G is not 1, 2, 4 or 8).
+// OSPREY_BENCH_KV picks the page dtype, OSPREY_BENCH_HEADS the head shape,
+// OSPREY_BENCH_PLAN_ONLY=1 skips the forced split counts.
 //
 // `gpu_op_bench gemm-small-quant` runs the same sweep on Q8_0 / Q4_0 / Q4_1
 // weights (values arbitrary: the blocks' bytes filled as F16 numbers) for n
@@ -124,8 +126,29 @@ bool bench_kv_is(const char* what) {
 }
 bool bench_kv_fp8() { return bench_kv_is("fp8"); }
 
+// OSPREY_BENCH_HEADS=hq,hk[,hd]: the decode attention's head shape (default
+// 32,8,128: Llama-3-8B; e.g. 28,4 for Qwen2.5-7B, 9,3,64 for SmolLM2).
+struct HeadShape {
+  int hq = 32, hk = 8, hd = 128;
+};
+HeadShape bench_heads() {
+  static const HeadShape shape = [] {
+    HeadShape h;
+    const char* v = std::getenv("OSPREY_BENCH_HEADS");
+    if (v == nullptr) return h;
+    HeadShape p;
+    const int n = std::sscanf(v, "%d,%d,%d", &p.hq, &p.hk, &p.hd);
+    if (n < 2 || p.hk <= 0 || p.hq <= 0 || p.hq % p.hk != 0 || (p.hd != 64 && p.hd != 128)) {
+      std::fprintf(stderr, "OSPREY_BENCH_HEADS=%s: want hq,hk[,hd] with hk dividing hq, hd 64 or 128\n", v);
+      std::exit(2);
+    }
+    return p;
+  }();
+  return shape;
+}
+
 double time_decode_attention(ops::Backend& be, int batch, int ctx, size_t& kv_bytes, int& sets) {
-  const int hq = 32, hk = 8, hd = 128, bs = 16;
+  const int hq = bench_heads().hq, hk = bench_heads().hk, hd = bench_heads().hd, bs = 16;
   const int pages_per_seq = (ctx + bs - 1) / bs;
   const bool f8 = bench_kv_fp8(), i8 = bench_kv_is("int8");
   const DType kv_dtype = f8 ? DType::kF8E4M3 : i8 ? DType::kI8 : DType::kBF16;
@@ -234,12 +257,16 @@ double time_decode_attention(ops::Backend& be, int batch, int ctx, size_t& kv_by
 // of a device copy: docs/PERF.md's convention).
 void decode_attention_sweep(ops::Backend& be, double copy_gbs) {
   const char* env = std::getenv("OSPREY_DECODE_ATTENTION");
-  const std::string kernel = env != nullptr && std::strcmp(env, "simt") == 0 ? "simt" : "default";
+  const int group = bench_heads().hq / bench_heads().hk;
+  const bool simt_built = group == 1 || group == 2 || group == 4 || group == 8;
+  const std::string kernel =
+      env != nullptr && std::strcmp(env, "simt") == 0 ? (simt_built ? "simt" : "generic") : "default";
   const char* min_keys = std::getenv("OSPREY_DECODE_MIN_KEYS");
   std::printf(
-      "decode attention, BF16 q, %s pages, hq 32 hk 8 hd 128, block_size 16, kernel %s, "
+      "decode attention, BF16 q, %s pages, hq %d hk %d hd %d, block_size 16, kernel %s, "
       "OSPREY_DECODE_MIN_KEYS=%s\n",
-      bench_kv_fp8() ? "F8_E4M3" : bench_kv_is("int8") ? "I8" : "BF16", kernel.c_str(), min_keys != nullptr ? min_keys : "(unset)");
+      bench_kv_fp8() ? "F8_E4M3" : bench_kv_is("int8") ? "I8" : "BF16", bench_heads().hq, bench_heads().hk,
+      bench_heads().hd, kernel.c_str(), min_keys != nullptr ? min_keys : "(unset)");
   std::printf("%-8s %-6s %6s %6s %10s %10s %8s\n", "batch", "ctx", "splits", "sets", "us", "GB/s KV", "% copy");
   std::vector<std::pair<int, int>> shapes;
   for (int batch : {1, 8, 32, 64, 128})
@@ -256,7 +283,7 @@ void decode_attention_sweep(ops::Backend& be, double copy_gbs) {
     std::printf("%-8d %-6d %6s %6d %10.1f %10.1f %7.1f%%\n", batch, ctx, splits, sets, us, gbs, 100.0 * gbs / copy_gbs);
   };
   for (auto [batch, ctx] : shapes) report(be, batch, ctx, "plan");
-  if (kernel == "simt") return;
+  if (kernel != "default" || std::getenv("OSPREY_BENCH_PLAN_ONLY") != nullptr) return;
   for (int splits : {1, 2, 3, 4, 8, 16, 32, 64}) {
     cuda::CudaBackendOptions o;
     o.attention_splits = splits;

@@ -189,8 +189,8 @@ void CudaBackend::paged_attention(const Tensor& q, const ops::LayerKv& kv, const
 void CudaBackend::run_attention(PagedAttentionArgs& a, bool decode, cudaStream_t on) {
   const int hq = a.hq, hk = a.hk, hd = a.hd;
   // I8 pages have no generic kernel: a decode step the decode kernel does
-  // not take (G not 1, 2, 4 or 8) runs on the prefill kernel, one query row
-  // a sequence.
+  // not take (head_dim not 64 or 128, pages not 16-byte aligned) runs on the
+  // prefill kernel, one query row a sequence.
   if (decode && a.kv_dtype == DType::kI8 && !decode_attention_supported(a)) decode = false;
   const bool decode_kernel = decode && decode_attention_supported(a);
   int splits = options_.attention_splits;
@@ -219,7 +219,7 @@ void CudaBackend::run_attention(PagedAttentionArgs& a, bool decode, cudaStream_t
     a.part_acc = attn_acc_.reserve_as<float>(rows * static_cast<size_t>(hd), stream_);
     a.part_ml = attn_ml_.reserve_as<float>(rows * 2, stream_);
     // The decode kernel's in-kernel split merge, where the counters suffice.
-    if (decode_kernel && int64_t{a.num_seqs} * hk <= kDecodeSplitTickets) {
+    if (decode_kernel && decode_blocks_per_split(a) <= kDecodeSplitTickets) {
       a.split_tickets = static_cast<unsigned int*>(decode_tickets_.get());
     }
   }

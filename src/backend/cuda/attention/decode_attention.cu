@@ -1,14 +1,17 @@
 // Paged attention for decode steps (one query token per sequence), split
 // along the sequence (FlashDecoding) and GQA-aware: a block owns one
 // (sequence, KV head, split) and all G = hq / hk query heads of that KV
-// head, so each K/V row is read from memory once per step. With
+// head, so each K/V row is read from memory once per step (the tensor-core
+// kernel takes up to 8 heads a block: G > 8 reads each row ceil(G / 8)
+// times, HeadRows). With
 // num_splits > 1 the block writes unnormalised partials for combine_splits
 // (paged_attention.cu's format); otherwise the normalised output.
 //
 // Two kernels compute the same function:
 //
 // * The tensor-core kernel (16-bit q/out and pages of the same dtype, the
-//   serving case, or F8_E4M3 pages: the comment at mma_decode_kernel). Four
+//   serving case, or F8_E4M3 or I8 pages: the comment at mma_decode_kernel;
+//   any G, compiled once per head_dim and dtypes: G is read at run time). Four
 //   warps per block; warp w takes the block's key tiles
 //   w, w + 4, ... of kTileKeys = 16 keys (a whole page at block_size 16).
 //   Each warp streams its tiles with 16-byte cp.async into its own
@@ -306,26 +309,40 @@ struct Mma16<__half> {
   }
 };
 
+// The query heads a block of the tensor-core kernel takes: up to
+// kMmaMaxRows of one KV head's G, as rows 0..7 of its MMAs (rows 8..15 are
+// zero). G > kMmaMaxRows takes ceil(G / kMmaMaxRows) blocks per KV head
+// (grid y = hk * parts), each reading the head's K and V.
+constexpr int kMmaMaxRows = 8;
+__host__ __device__ constexpr int mma_head_parts(int group) { return (group + kMmaMaxRows - 1) / kMmaMaxRows; }
+
+struct HeadRows {
+  int kvh;     // the KV head
+  int head0;   // its first query head (MMA row 0)
+  int rows;    // query heads taken, 1..kMmaMaxRows
+  int ticket;  // the block's split-merge counter: seq * gridDim.y + its y
+};
+
 // The in-kernel split merge (file comment), called by every thread of a
-// block once its partials for query heads kvh * kG .. + kG - 1 of `token`
-// are written (an empty split: only its (m, l)). Returns at once in all but
-// the last block of (seq, kvh) to finish; that one writes out[token, those
-// heads, 0..kHd). used: the splits with keys (the others have weight 0).
-// sw: dynamic shared memory for kG * kMaxDecodeSplitsMerged floats and one
-// int, free here (the kernel has no static shared memory: at hd 64 its
+// block once its partials for query heads hr.head0 .. + hr.rows - 1 of
+// `token` are written (an empty split: only its (m, l)). Returns at once in
+// all but the last block of (seq, hr) to finish; that one writes out[token,
+// those heads, 0..kHd). used: the splits with keys (the others have weight
+// 0). sw: dynamic shared memory for kMmaMaxRows * kMaxDecodeSplitsMerged
+// floats and one int, free here (the kernel has no static shared memory: at hd 64 its
 // dynamic 48 KB are the default limit, and any static byte more fails the
 // launch).
 constexpr int kMaxDecodeSplitsMerged = 64;  // two per lane of a warp
 constexpr int kMergeBatch = 16;             // partial loads in flight per thread
 
-template <int kHd, int kG, class T>
-__device__ __forceinline__ void merge_splits_if_last(const PagedAttentionArgs& a, int seq, int kvh, int token,
+template <int kHd, class T>
+__device__ __forceinline__ void merge_splits_if_last(const PagedAttentionArgs& a, const HeadRows& hr, int token,
                                                      int used, float* sw) {
-  volatile int* s_last = reinterpret_cast<volatile int*>(sw + kG * kMaxDecodeSplitsMerged);
+  volatile int* s_last = reinterpret_cast<volatile int*>(sw + kMmaMaxRows * kMaxDecodeSplitsMerged);
   __threadfence();  // this block's partials are visible device-wide before its ticket
   __syncthreads();  // (and every thread is done with the shared memory sw reuses)
   if (threadIdx.x == 0) {
-    unsigned int* t = a.split_tickets + static_cast<int64_t>(seq) * a.hk + kvh;
+    unsigned int* t = a.split_tickets + hr.ticket;
     const bool last = atomicAdd(t, 1u) == static_cast<unsigned int>(a.num_splits - 1);
     if (last) atomicExch(t, 0u);  // every block of this pair has taken its ticket
     *s_last = last ? 1 : 0;
@@ -338,8 +355,8 @@ __device__ __forceinline__ void merge_splits_if_last(const PagedAttentionArgs& a
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   // Weights w_z = exp(m_z - M) / sum_z w_z l_z per head (combine_splits' warp 0 part).
-  for (int h = warp; h < kG; h += kMmaWarps) {
-    const int64_t r = static_cast<int64_t>(token) * a.hq + kvh * kG + h;
+  for (int h = warp; h < hr.rows; h += kMmaWarps) {
+    const int64_t r = static_cast<int64_t>(token) * a.hq + hr.head0 + h;
     float w[2];
     split_merge_weights<true>(a.part_ml, rows, r, ns, lane, w);
 #pragma unroll
@@ -348,10 +365,10 @@ __device__ __forceinline__ void merge_splits_if_last(const PagedAttentionArgs& a
   __syncthreads();
   // out = sum_z w_z acc_z, 4 dims per thread (16-byte loads, kMergeBatch
   // splits in flight), splits in ascending order, skipping w_z == 0.
-  for (int i = threadIdx.x; i < kG * kHd / 4; i += kMmaThreads) {
+  for (int i = threadIdx.x; i < hr.rows * kHd / 4; i += kMmaThreads) {
     const int h = 4 * i / kHd;
     const int d = 4 * i - h * kHd;
-    const int64_t r = static_cast<int64_t>(token) * a.hq + kvh * kG + h;
+    const int64_t r = static_cast<int64_t>(token) * a.hq + hr.head0 + h;
     const float* wz = sw + h * kMaxDecodeSplitsMerged;
     float num[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (int z0 = 0; z0 < used; z0 += kMergeBatch) {
@@ -413,7 +430,7 @@ __device__ __forceinline__ int tile_offset(int r, int c) {
 // product (l still sums exp2(s - m)); at the end O is brought to m's
 // units by exp2(m' - m). So P' never leaves half's normal range because of
 // a small or large scale.
-template <int kHd, int kG, class T, class KvT>
+template <int kHd, class T, class KvT>
 __global__ void __launch_bounds__(kMmaThreads) mma_decode_kernel(PagedAttentionArgs a) {
   constexpr bool kF8 = kIsKvF8<KvT>;
   constexpr bool kI8 = kIsKvI8<KvT>;
@@ -428,9 +445,8 @@ __global__ void __launch_bounds__(kMmaThreads) mma_decode_kernel(PagedAttentionA
   constexpr int kCopySteps = kTileKeys / kRowsPerStep;  // 16-byte copies per lane per K (or V) tile
   constexpr int kKSteps = kHd / 16;
   constexpr int kNTiles = kHd / 8;
-  static_assert(kG >= 1 && kG <= 8, "query heads per KV head are rows 0..7 of the MMA");
-  constexpr size_t kSmem = mma_smem_bytes<kHd, kG, static_cast<int>(sizeof(KvT)), kScaleBytes>();
-  static_assert(kSmem >= sizeof(float) * (kG * kMaxDecodeSplitsMerged + 1),
+  constexpr size_t kSmem = mma_smem_bytes<kHd, kMmaMaxRows, static_cast<int>(sizeof(KvT)), kScaleBytes>();
+  static_assert(kSmem >= sizeof(float) * (kMmaMaxRows * kMaxDecodeSplitsMerged + 1),
                 "the split merge's weights and flag fit the stage rings");
   extern __shared__ __align__(16) unsigned char mma_smem[];
 
@@ -440,19 +456,30 @@ __global__ void __launch_bounds__(kMmaThreads) mma_decode_kernel(PagedAttentionA
   // sequences' blocks fill the end of the grid instead of a long one's
   // starting late. A host-written array: read before pdl_wait (below).
   int seq = blockIdx.x;
-  int kvh = blockIdx.y;
+  int y = blockIdx.y;
   int split = blockIdx.z;
   if (a.seq_order != nullptr) {
     const int per_seq = static_cast<int>(gridDim.y * gridDim.z);
     const int linear = static_cast<int>(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z));
     const int rest = linear % per_seq;
     seq = a.seq_order[linear / per_seq];
-    kvh = rest % static_cast<int>(gridDim.y);
+    y = rest % static_cast<int>(gridDim.y);
     split = rest / static_cast<int>(gridDim.y);
   }
+  HeadRows hr;
+  {
+    const int group = a.hq / a.hk;
+    const int parts = mma_head_parts(group);
+    hr.kvh = y / parts;
+    const int part = y - hr.kvh * parts;
+    hr.head0 = hr.kvh * group + part * kMmaMaxRows;
+    hr.rows = min(kMmaMaxRows, group - part * kMmaMaxRows);
+    hr.ticket = seq * static_cast<int>(gridDim.y) + y;
+  }
+  const int kvh = hr.kvh;
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  const int g = lane / 4;  // MMA row: query head kvh * kG + g (g < kG)
+  const int g = lane / 4;  // MMA row: query head hr.head0 + g (g < hr.rows)
   const int qd = lane % 4;
   const int token = seq;  // decode: q_indptr is the identity (file comment)
   // Programmatic dependent launch (launch_mma): up to pdl_wait below, only
@@ -473,14 +500,14 @@ __global__ void __launch_bounds__(kMmaThreads) mma_decode_kernel(PagedAttentionA
   if (a.num_splits > 1 && my_lo == my_hi) {
     pdl_wait();
     // A split past the context: the merge gives it weight 0 and reads only (m, l).
-    if (threadIdx.x < kG) {
-      const int64_t idx = (static_cast<int64_t>(split) * a.num_tokens + token) * a.hq + kvh * kG + threadIdx.x;
+    if (threadIdx.x < hr.rows) {
+      const int64_t idx = (static_cast<int64_t>(split) * a.num_tokens + token) * a.hq + hr.head0 + threadIdx.x;
       a.part_ml[idx * 2] = -INFINITY;
       a.part_ml[idx * 2 + 1] = 0.0f;
     }
     if (a.split_tickets != nullptr) {
-      merge_splits_if_last<kHd, kG, T>(a, seq, kvh, token, chunk > 0 ? (span + chunk - 1) / chunk : 0,
-                                       reinterpret_cast<float*>(mma_smem));
+      merge_splits_if_last<kHd, T>(a, hr, token, chunk > 0 ? (span + chunk - 1) / chunk : 0,
+                                   reinterpret_cast<float*>(mma_smem));
     }
     return;
   }
@@ -553,12 +580,12 @@ __global__ void __launch_bounds__(kMmaThreads) mma_decode_kernel(PagedAttentionA
   // Q as the A operand (row g), as given (the scale goes on the fp32 scores).
   uint32_t qa[kKSteps][2];
   {
-    const T* q = static_cast<const T*>(a.q) + (static_cast<int64_t>(token) * a.hq + kvh * kG) * kHd;
+    const T* q = static_cast<const T*>(a.q) + (static_cast<int64_t>(token) * a.hq + hr.head0) * kHd;
 #pragma unroll
     for (int kk = 0; kk < kKSteps; ++kk) {
       qa[kk][0] = 0u;
       qa[kk][1] = 0u;
-      if (g < kG) {
+      if (g < hr.rows) {
         if constexpr (k8) {  // dims 16 kk + 4 qd + (0, 1) and (2, 3) (kernel comment)
           const T* r = q + g * kHd + 16 * kk + 4 * qd;
           qa[kk][0] = M::pack(to_float(r[0]), to_float(r[1]));
@@ -733,11 +760,12 @@ __global__ void __launch_bounds__(kMmaThreads) mma_decode_kernel(PagedAttentionA
 
   // Merge the warps (a warp without tiles has m = -inf, l = 0, O = 0).
   __syncthreads();  // every warp is done with its ring
-  float* sO = reinterpret_cast<float*>(mma_smem);  // [kMmaWarps][kG][kHd]
-  float* sM = sO + kMmaWarps * kG * kHd;       // [kMmaWarps][kG]
-  float* sL = sM + kMmaWarps * kG;             // [kMmaWarps][kG]
-  if (g < kG) {
-    float* row = sO + (warp * kG + g) * kHd;
+  const int rows = hr.rows;
+  float* sO = reinterpret_cast<float*>(mma_smem);  // [kMmaWarps][rows][kHd]
+  float* sM = sO + kMmaWarps * rows * kHd;     // [kMmaWarps][rows]
+  float* sL = sM + kMmaWarps * rows;           // [kMmaWarps][rows]
+  if (g < rows) {
+    float* row = sO + (warp * rows + g) * kHd;
 #pragma unroll
     for (int n = 0; n < kNTiles; ++n) {
       if constexpr (k8) {  // columns 2 qd, 2 qd + 1 of tile n: dims 4 (8 (n / 4) + col) + n % 4
@@ -749,28 +777,28 @@ __global__ void __launch_bounds__(kMmaThreads) mma_decode_kernel(PagedAttentionA
       }
     }
     if (qd == 0) {
-      sM[warp * kG + g] = m_run;
-      sL[warp * kG + g] = l_run;
+      sM[warp * rows + g] = m_run;
+      sL[warp * rows + g] = l_run;
     }
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < kG * kHd; i += kMmaThreads) {
+  for (int i = threadIdx.x; i < rows * kHd; i += kMmaThreads) {
     const int h = i / kHd;
     const int d = i - h * kHd;
     float mx = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < kMmaWarps; ++w) mx = fmaxf(mx, sM[w * kG + h]);
+    for (int w = 0; w < kMmaWarps; ++w) mx = fmaxf(mx, sM[w * rows + h]);
     float lsum = 0.0f, asum = 0.0f;
     if (mx != -INFINITY) {
 #pragma unroll
       for (int w = 0; w < kMmaWarps; ++w) {
-        const float wt = exp2f(sM[w * kG + h] - mx);  // 0 for warps without keys
-        lsum += wt * sL[w * kG + h];
-        asum += wt * sO[(w * kG + h) * kHd + d];
+        const float wt = exp2f(sM[w * rows + h] - mx);  // 0 for warps without keys
+        lsum += wt * sL[w * rows + h];
+        asum += wt * sO[(w * rows + h) * kHd + d];
       }
     }
     if constexpr (kF8) asum *= a.v_scale;
-    const int head = kvh * kG + h;
+    const int head = hr.head0 + h;
     if (a.num_splits == 1) {
       T* out = static_cast<T*>(a.out) + (static_cast<int64_t>(token) * a.hq + head) * kHd;
       out[d] = from_float<T>(lsum > 0.0f ? asum / lsum : 0.0f);
@@ -784,17 +812,18 @@ __global__ void __launch_bounds__(kMmaThreads) mma_decode_kernel(PagedAttentionA
     }
   }
   if (a.num_splits > 1 && a.split_tickets != nullptr) {
-    merge_splits_if_last<kHd, kG, T>(a, seq, kvh, token, chunk > 0 ? (span + chunk - 1) / chunk : 0,
-                                     reinterpret_cast<float*>(mma_smem));
+    merge_splits_if_last<kHd, T>(a, hr, token, chunk > 0 ? (span + chunk - 1) / chunk : 0,
+                                 reinterpret_cast<float*>(mma_smem));
   }
 }
 
-template <int kHd, int kG, class T, class KvT>
+template <int kHd, class T, class KvT>
 void launch_mma(const PagedAttentionArgs& a, cudaStream_t stream) {
-  constexpr size_t smem = mma_smem_bytes<kHd, kG, static_cast<int>(sizeof(KvT)), mma_scale_bytes<KvT>()>();
-  auto kernel = mma_decode_kernel<kHd, kG, T, KvT>;
+  constexpr size_t smem = mma_smem_bytes<kHd, kMmaMaxRows, static_cast<int>(sizeof(KvT)), mma_scale_bytes<KvT>()>();
+  auto kernel = mma_decode_kernel<kHd, T, KvT>;
   if constexpr (smem > 48 * 1024) set_max_dynamic_smem_once(kernel, smem);
-  const dim3 grid(static_cast<unsigned>(a.num_seqs), static_cast<unsigned>(a.hk), static_cast<unsigned>(a.num_splits));
+  const dim3 grid(static_cast<unsigned>(a.num_seqs), static_cast<unsigned>(a.hk * mma_head_parts(a.hq / a.hk)),
+                  static_cast<unsigned>(a.num_splits));
   // Programmatic dependent launch: the copies of earlier positions' K/V
   // start while qkv_rope_kv_write (which triggers at its start) still runs.
   launch_pdl_if(attention_pdl_enabled(), kernel, grid, dim3(kMmaThreads), smem, stream, a);
@@ -802,35 +831,33 @@ void launch_mma(const PagedAttentionArgs& a, cudaStream_t stream) {
 
 // ---- selection -------------------------------------------------------------------
 
+// The tensor-core kernel takes any G (rows of its MMAs, parts of a KV head
+// past 8); the SIMT kernel is compiled for G = 1, 2, 4 and 8.
 template <int kHd, class KvT, class QT>
 void launch_for_group(const PagedAttentionArgs& a, bool mma, cudaStream_t stream) {
-  auto go = [&](auto g) {
-    [[maybe_unused]] constexpr int kG = decltype(g)::value;  // unused on the I8 + F32 q refusal
-    if constexpr ((std::is_same_v<KvT, QT> || kIsKvF8<KvT> || kIsKvI8<KvT>) && !std::is_same_v<QT, float>) {
-      if (mma) {
-        launch_mma<kHd, kG, QT, KvT>(a, stream);
-        return;
-      }
+  if constexpr ((std::is_same_v<KvT, QT> || kIsKvF8<KvT> || kIsKvI8<KvT>) && !std::is_same_v<QT, float>) {
+    if (mma) {
+      launch_mma<kHd, QT, KvT>(a, stream);
+      return;
     }
-    if constexpr (kIsKvI8<KvT>) {
-      OSP_CHECK_MSG(false, "I8 KV pages take the tensor-core decode kernel only (BF16 or F16 q)");
-    } else {
-      launch_simt<kHd, kG, KvT, QT>(a, stream);
+  }
+  if constexpr (kIsKvI8<KvT>) {
+    OSP_CHECK_MSG(false, "I8 KV pages take the tensor-core decode kernel only (BF16 or F16 q)");
+  } else {
+    switch (a.hq / a.hk) {
+      case 1:
+        launch_simt<kHd, 1, KvT, QT>(a, stream);
+        break;
+      case 2:
+        launch_simt<kHd, 2, KvT, QT>(a, stream);
+        break;
+      case 4:
+        launch_simt<kHd, 4, KvT, QT>(a, stream);
+        break;
+      default:
+        launch_simt<kHd, 8, KvT, QT>(a, stream);
+        break;
     }
-  };
-  switch (a.hq / a.hk) {
-    case 1:
-      go(std::integral_constant<int, 1>{});
-      break;
-    case 2:
-      go(std::integral_constant<int, 2>{});
-      break;
-    case 4:
-      go(std::integral_constant<int, 4>{});
-      break;
-    default:
-      go(std::integral_constant<int, 8>{});
-      break;
   }
 }
 
@@ -888,15 +915,22 @@ bool merge_kernel_forced() {
 
 bool decode_attention_supported(const PagedAttentionArgs& a) {
   const int g = a.hk > 0 ? a.hq / a.hk : 0;
-  return (a.hd == 64 || a.hd == 128) && (g == 1 || g == 2 || g == 4 || g == 8) && a.hq == g * a.hk &&
+  const bool group_ok = use_mma(a) ? g >= 1 && int64_t{a.hk} * mma_head_parts(g) <= 65535
+                                   : g == 1 || g == 2 || g == 4 || g == 8;
+  return (a.hd == 64 || a.hd == 128) && group_ok && a.hq == g * a.hk &&
          aligned16(a.k_cache) && aligned16(a.v_cache) &&
          (a.act == DType::kF32 || a.act == DType::kBF16 || a.act == DType::kF16) &&
          ops::is_kv_page_dtype(a.kv_dtype) &&
          (a.kv_dtype != DType::kI8 || (a.act != DType::kF32 && a.k_row_scales && a.v_row_scales));
 }
 
+int64_t decode_blocks_per_split(const PagedAttentionArgs& a) {
+  const int64_t per_seq = int64_t{a.hk} * (use_mma(a) && a.hk > 0 ? mma_head_parts(a.hq / a.hk) : 1);
+  return int64_t{a.num_seqs} * per_seq;
+}
+
 void plan_decode_splits(PagedAttentionArgs& a, int num_sms) {
-  const int64_t blocks = std::max<int64_t>(1, int64_t{a.num_seqs} * a.hk);
+  const int64_t blocks = std::max<int64_t>(1, decode_blocks_per_split(a));
   const int64_t target = int64_t{use_mma(a) ? kMmaBlocksPerSm : kSimtBlocksPerSm} * std::max(1, num_sms);
   a.num_splits = static_cast<int>(std::clamp<int64_t>((target + blocks - 1) / blocks, 1, kMaxDecodeSplits));
   a.min_keys_per_split = use_mma(a) ? mma_min_keys_per_split() : kMinKeysPerDecodeSplit;
