@@ -31,6 +31,9 @@
 #   modelbench   model_bench per ";"-separated "tag|VAR=value ...|args" of
 #                MB_RUNS (e.g. "q7|OSPREY_DECODE_ATTENTION=simt|qwen2.5-7b
 #                bfloat16 --decode-only"); output also in $OUT/mb_<tag>.txt
+#   osprey       the osprey binary per ";"-separated "tag|VAR=value ...|args"
+#                of OS_RUNS (e.g. "q7off||bench offline --model qwen2.5-7b
+#                --load-format dummy ..."); output also in $OUT/os_<tag>.txt
 # Output ($OUT): session.log (steps, times, the lines that matter) and
 # session_logs.tgz (every tool's log). Env: END_S (seconds from the start by
 # which to stop starting steps, default 570), JOBS (ninja, default nproc),
@@ -170,7 +173,8 @@ run_tagged() {
   return $rc
 }
 step_opbench() { run_tagged gpu_op_bench "${OP_RUNS:?OP_RUNS}" op "^decode attention|^copy"; }
-step_modelbench() { run_tagged model_bench "${MB_RUNS:?MB_RUNS}" mb "MBU|ms/step"; }
+step_modelbench() { run_tagged model_bench "${MB_RUNS:?MB_RUNS}" mb "MBU|ms/step|TTFT|^model"; }
+step_osprey() { run_tagged osprey "${OS_RUNS:?OS_RUNS}" os "Output token throughput|TTFT|TPOT|decode device time"; }
 
 for s in ${STEPS:-build}; do
   if (( $(el) >= end_s )); then say "== $s: skipped (END_S)"; continue; fi
