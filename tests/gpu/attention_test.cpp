@@ -221,6 +221,35 @@ BothOutputs run_on_both(ops::Backend& gpu, ops::Backend& cpu, const Config& c, c
   return r;
 }
 
+// count random queries in [-range, range] stored as act (bytes) and the
+// values those bytes hold (the CPU reference's fp32 q).
+struct RoundedQ {
+  std::vector<uint8_t> bytes;
+  std::vector<float> values;
+};
+RoundedQ rounded_q(DType act, size_t count, uint32_t seed, float range = 2.0f) {
+  const auto f = random_floats(count, seed, -range, range);
+  RoundedQ q;
+  q.bytes = pack(act, f, 1, static_cast<int64_t>(count));
+  const auto v = unpack(act, q.bytes, 1, static_cast<int64_t>(count));
+  q.values.assign(v.begin(), v.end());
+  return q;
+}
+
+// The GPU's output (bytes of act) against the CPU's from the same pages and
+// q: the bounds of a one-byte page step (the GPU's q and P in half, the
+// output rounded to act; F32 act: the SIMT and generic kernels, fp32).
+void expect_one_byte_step_close(const BothOutputs& o, DType act, const std::string& what) {
+  const auto got = unpack(act, o.gpu, 1, static_cast<int64_t>(o.ref.size()));
+  if (act == DType::kF32) {
+    expect_close(got, o.ref, 1e-10, 1e-5, what);
+  } else if (act == DType::kBF16) {
+    expect_close(got, o.ref, 5e-5, 2e-2, what);
+  } else {
+    expect_close(got, o.ref, 3e-6, 4e-3, what);
+  }
+}
+
 // One decode step (one query token per sequence, kv lengths `lens`) with q,
 // out and pages of dtype t, against the CPU on the same rounded q. With
 // zero_k every score is 0, so the output is the exact mean of V over each
@@ -239,16 +268,13 @@ std::vector<uint8_t> check_decode16(ops::Backend& gpu, ops::Backend& cpu, DType 
   auto kp = zero_k ? pack(t, std::vector<float>(page_elems, 0.0f), 1, static_cast<int64_t>(page_elems))
                    : random_pages(t, page_elems, seed + 1);
   auto vp = random_pages(t, page_elems, seed + 2);
-  const auto qf = random_floats(static_cast<size_t>(n * c.hq * c.hd), seed + 3, -q_range, q_range);
-  const auto qb = pack(t, qf, 1, static_cast<int64_t>(qf.size()));
-  const auto qd = unpack(t, qb, 1, static_cast<int64_t>(qf.size()));
-  std::vector<float> qr(qd.begin(), qd.end());
+  RoundedQ q = rounded_q(t, static_cast<size_t>(n * c.hq * c.hd), seed + 3, q_range);
   Config ct = c;
   ct.kv_dtype = t;
-  const BothOutputs o = run_on_both(gpu, cpu, ct, h, kp, vp, t, qb, qr, window);
+  const BothOutputs o = run_on_both(gpu, cpu, ct, h, kp, vp, t, q.bytes, q.values, window);
   const std::vector<float>& ref = o.ref;
   const std::vector<uint8_t>& bytes = o.gpu;
-  const auto got = unpack(t, bytes, 1, static_cast<int64_t>(qr.size()));
+  const auto got = unpack(t, bytes, 1, static_cast<int64_t>(q.values.size()));
   // Rounding: q and P to t, the output to t (2^-9 relative for BF16, 2^-12 for F16).
   const bool bf16 = t == DType::kBF16;
   if (zero_k) {
@@ -553,57 +579,59 @@ void check_f8(ops::Backend& gpu, ops::Backend& cpu, DType act, Config c, const s
     return out;
   };
   auto kp = codes(kF8KScale, seed + 1), vp = codes(kF8VScale, seed + 2);
-  const auto qf = random_floats(static_cast<size_t>(n * c.hq * c.hd), seed + 3, -2.0f, 2.0f);
-  const auto qb = pack(act, qf, 1, static_cast<int64_t>(qf.size()));
-  const auto qd = unpack(act, qb, 1, static_cast<int64_t>(qf.size()));
-  std::vector<float> qr(qd.begin(), qd.end());
-  const BothOutputs o = run_on_both(gpu, cpu, c, h, kp, vp, act, qb, qr, window, kF8KScale, kF8VScale);
-  const std::vector<float>& ref = o.ref;
-  const auto got = unpack(act, o.gpu, 1, static_cast<int64_t>(qr.size()));
-  // The CPU reads the same values (e4m3 * scale, fp32): the differences are
-  // the GPU's q and P in half and the output's rounding to act.
-  if (act == DType::kF32) {
-    expect_close(got, ref, 1e-10, 1e-5, what);
-  } else if (act == DType::kBF16) {
-    expect_close(got, ref, 5e-5, 2e-2, what);
-  } else {
-    expect_close(got, ref, 3e-6, 4e-3, what);
-  }
+  RoundedQ q = rounded_q(act, static_cast<size_t>(n * c.hq * c.hd), seed + 3);
+  // The CPU reads the same values (e4m3 * scale, fp32).
+  expect_one_byte_step_close(
+      run_on_both(gpu, cpu, c, h, kp, vp, act, q.bytes, q.values, window, kF8KScale, kF8VScale), act, what);
 }
 
-TEST_F(AttentionTest, F8PagesDecodeAcrossGroupsHeadDimsAndBlockSizes) {
-  uint32_t seed = 1300;
-  for (DType act : {DType::kBF16, DType::kF16, DType::kF32}) {
+// The decode sweep of a one-byte page dtype's `check` (check_f8 or
+// check_i8): G 1-12 including 3 and 7, hd 64/128, block sizes 1/5/7/16,
+// without and with a window, and one sequence over many splits.
+using PageCheck = void (*)(ops::Backend&, ops::Backend&, DType, Config, const std::vector<SeqSpec>&, int, uint32_t);
+void one_byte_decode_sweep(ops::Backend& gpu, ops::Backend& cpu, PageCheck check, std::initializer_list<DType> acts,
+                           uint32_t seed) {
+  for (DType act : acts) {
     for (Config c :
          {Config{8, 8, 128, 16, act}, Config{32, 8, 128, 16, act}, Config{16, 2, 128, 16, act},
           Config{4, 4, 64, 16, act}, Config{8, 4, 64, 7, act}, Config{16, 2, 64, 1, act}, Config{32, 8, 128, 5, act},
           Config{9, 3, 64, 16, act}, Config{28, 4, 128, 16, act}, Config{24, 2, 128, 16, act}}) {
       std::vector<SeqSpec> seqs;
       for (int len : kDecodeLens) seqs.push_back({1, len});
-      check_f8(gpu(), cpu(), act, c, seqs, 0, seed += 7);
-      check_f8(gpu(), cpu(), act, c, seqs, 100, seed += 7);
+      check(gpu, cpu, act, c, seqs, 0, seed += 7);
+      check(gpu, cpu, act, c, seqs, 100, seed += 7);
     }
-    check_f8(gpu(), cpu(), act, Config{32, 8, 128, 16, act}, {{1, 20000}}, 0, seed += 7);  // many splits
+    check(gpu, cpu, act, Config{32, 8, 128, 16, act}, {{1, 20000}}, 0, seed += 7);  // many splits
   }
 }
 
 // Prompts, chunked prefill over earlier pages, and mixed steps (decode rows
-// first, as the engine orders them): the F8 variant of every mma.sync
-// prefill block shape the default choice reaches (short, few-wave and
-// many-wave prompts) and, on Hopper, the wgmma kernel's F8 variant for the
-// prompt-heavy steps with head_dim 128, next to the decode kernel.
-TEST_F(AttentionTest, F8PagesPrefillAndMixedSteps) {
-  uint32_t seed = 1500;
+// first, as the engine orders them) with 16-bit q: every mma.sync prefill
+// block shape the default choice reaches (short, few-wave and many-wave
+// prompts) and, on Hopper, the wgmma kernel for the prompt-heavy steps with
+// head_dim 128 where it takes the page dtype, next to the decode kernel.
+void one_byte_prefill_sweep(ops::Backend& gpu, ops::Backend& cpu, PageCheck check, uint32_t seed) {
   for (DType act : {DType::kBF16, DType::kF16}) {
     for (Config c : {Config{32, 8, 128, 16, act}, Config{8, 2, 64, 16, act}, Config{9, 3, 128, 7, act}}) {
-      check_f8(gpu(), cpu(), act, c, kMixed, 0, seed += 7);
-      check_f8(gpu(), cpu(), act, c, kMixed, 9, seed += 7);
-      check_f8(gpu(), cpu(), act, c, {{1, 300}, {1, 47}, {64, 1000}, {200, 200}}, 0, seed += 7);
-      check_f8(gpu(), cpu(), act, c, {{700, 700}}, 0, seed += 7);
-      check_f8(gpu(), cpu(), act, c, {{2048, 2048}}, 0, seed += 7);
-      check_f8(gpu(), cpu(), act, c, {{512, 512}, {512, 1024}, {300, 512}, {512, 600}, {1, 5}}, 0, seed += 7);
+      check(gpu, cpu, act, c, kMixed, 0, seed += 7);
+      check(gpu, cpu, act, c, kMixed, 9, seed += 7);
+      check(gpu, cpu, act, c, {{1, 300}, {1, 47}, {64, 1000}, {200, 200}}, 0, seed += 7);
+      check(gpu, cpu, act, c, {{700, 700}}, 0, seed += 7);
+      check(gpu, cpu, act, c, {{2048, 2048}}, 0, seed += 7);
+      check(gpu, cpu, act, c, {{512, 512}, {512, 1024}, {300, 512}, {512, 600}, {1, 5}}, 0, seed += 7);
     }
   }
+}
+
+TEST_F(AttentionTest, F8PagesDecodeAcrossGroupsHeadDimsAndBlockSizes) {
+  one_byte_decode_sweep(gpu(), cpu(), check_f8, {DType::kBF16, DType::kF16, DType::kF32}, 1300);
+}
+
+// The F8 variants of the prefill kernels (wgmma's included), and F32 q on
+// the generic kernel.
+TEST_F(AttentionTest, F8PagesPrefillAndMixedSteps) {
+  one_byte_prefill_sweep(gpu(), cpu(), check_f8, 1500);
+  uint32_t seed = 1700;
   check_f8(gpu(), cpu(), DType::kF32, Config{8, 2, 64, 16, DType::kF32}, kMixed, 0, seed += 7);
   check_f8(gpu(), cpu(), DType::kF32, Config{9, 3, 96, 7, DType::kF32}, kMixed, 5, seed += 7);
 }
@@ -695,48 +723,17 @@ void check_i8(ops::Backend& gpu, ops::Backend& cpu, DType act, Config c, const s
   Batch h(seqs, c.block_size, seed);
   const int64_t n = h.num_tokens();
   I8Pages p = i8_pages(c, h.num_blocks, seed + 1);
-  const auto qf = random_floats(static_cast<size_t>(n * c.hq * c.hd), seed + 3, -2.0f, 2.0f);
-  const auto qb = pack(act, qf, 1, static_cast<int64_t>(qf.size()));
-  const auto qd = unpack(act, qb, 1, static_cast<int64_t>(qf.size()));
-  std::vector<float> qr(qd.begin(), qd.end());
-  const BothOutputs o = run_on_both(gpu, cpu, c, h, p.k, p.v, act, qb, qr, window, 1.0f, 1.0f, &p.ks, &p.vs);
-  const auto got = unpack(act, o.gpu, 1, static_cast<int64_t>(qr.size()));
-  if (act == DType::kBF16) {
-    expect_close(got, o.ref, 5e-5, 2e-2, what);
-  } else {
-    expect_close(got, o.ref, 3e-6, 4e-3, what);
-  }
+  RoundedQ q = rounded_q(act, static_cast<size_t>(n * c.hq * c.hd), seed + 3);
+  expect_one_byte_step_close(
+      run_on_both(gpu, cpu, c, h, p.k, p.v, act, q.bytes, q.values, window, 1.0f, 1.0f, &p.ks, &p.vs), act, what);
 }
 
 TEST_F(AttentionTest, I8PagesDecodeAcrossGroupsHeadDimsAndBlockSizes) {
-  uint32_t seed = 2300;
-  for (DType act : {DType::kBF16, DType::kF16}) {
-    for (Config c :
-         {Config{8, 8, 128, 16, act}, Config{32, 8, 128, 16, act}, Config{16, 2, 128, 16, act},
-          Config{4, 4, 64, 16, act}, Config{8, 4, 64, 7, act}, Config{16, 2, 64, 1, act}, Config{32, 8, 128, 5, act},
-          Config{9, 3, 64, 16, act}, Config{28, 4, 128, 16, act}, Config{24, 2, 128, 16, act}}) {
-      std::vector<SeqSpec> seqs;
-      for (int len : kDecodeLens) seqs.push_back({1, len});
-      check_i8(gpu(), cpu(), act, c, seqs, 0, seed += 7);
-      check_i8(gpu(), cpu(), act, c, seqs, 100, seed += 7);
-    }
-    check_i8(gpu(), cpu(), act, Config{32, 8, 128, 16, act}, {{1, 20000}}, 0, seed += 7);  // many splits
-  }
+  one_byte_decode_sweep(gpu(), cpu(), check_i8, {DType::kBF16, DType::kF16}, 2300);
 }
 
-TEST_F(AttentionTest, I8PagesPrefillAndMixedSteps) {
-  uint32_t seed = 2500;
-  for (DType act : {DType::kBF16, DType::kF16}) {
-    for (Config c : {Config{32, 8, 128, 16, act}, Config{8, 2, 64, 16, act}, Config{9, 3, 128, 7, act}}) {
-      check_i8(gpu(), cpu(), act, c, kMixed, 0, seed += 7);
-      check_i8(gpu(), cpu(), act, c, kMixed, 9, seed += 7);
-      check_i8(gpu(), cpu(), act, c, {{1, 300}, {1, 47}, {64, 1000}, {200, 200}}, 0, seed += 7);
-      check_i8(gpu(), cpu(), act, c, {{700, 700}}, 0, seed += 7);
-      check_i8(gpu(), cpu(), act, c, {{2048, 2048}}, 0, seed += 7);
-      check_i8(gpu(), cpu(), act, c, {{512, 512}, {512, 1024}, {300, 512}, {512, 600}, {1, 5}}, 0, seed += 7);
-    }
-  }
-}
+// The prefill kernels' I8 variant (the mma.sync kernel: wgmma takes no I8 pages).
+TEST_F(AttentionTest, I8PagesPrefillAndMixedSteps) { one_byte_prefill_sweep(gpu(), cpu(), check_i8, 2500); }
 
 // kv_write into I8 pages: codes and row scales bit for bit the CPU's
 // (int8_row_quantize), rows of very different magnitudes, a zero row, a
