@@ -270,7 +270,8 @@ struct PagedAttentionArgs {
   float* part_acc = nullptr;
   float* part_ml = nullptr;
   // Decode kernel only (tensor-core path, num_splits > 1): one counter per
-  // (sequence, KV head), num_seqs * hk of them, zero before the launch and
+  // (sequence, KV head, part of its query heads), decode_blocks_per_split
+  // of them (num_seqs * hk where G <= 8), zero before the launch and
   // left zero after it; the kernel then merges the splits itself (the last
   // block of each pair to finish) and no combine kernel runs. Null: the
   // combine kernel merges (launch_decode_attention decides).

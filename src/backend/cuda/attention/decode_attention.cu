@@ -50,7 +50,8 @@
 //
 // Split merge in the kernel (tensor-core kernel, args.split_tickets set):
 // every block writes its partials, then takes a ticket from its (sequence,
-// KV head)'s counter (__threadfence, atomicAdd); the block that draws the
+// KV head[, part of the heads: G > 8])'s counter (__threadfence,
+// atomicAdd); the block that draws the
 // last one resets the counter to 0 and merges the splits into out, with
 // combine_splits' arithmetic (paged_attention.cu: the same weights, the
 // splits summed in the same order, zero weights skipped). The counters start zeroed and every complete launch
