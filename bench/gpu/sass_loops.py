@@ -20,7 +20,8 @@ import sys
 FUNC_RE = re.compile(r"^\s*Function\s*:\s*(\S+)")
 INSTR_RE = re.compile(r"^\s*/\*([0-9a-fA-F]{4,})\*/\s+(.*?)\s*;")
 LABEL_RE = re.compile(r"^\s*(\.L_x_\d+):")
-BRANCH_RE = re.compile(r"\bBRA\b(?:\.[A-Z.]+)?\s+(?:`\((\.L_x_\d+)\)|(0x[0-9a-fA-F]+))")
+# The target after any operands before it (BRA.U !UP0, 0x...; BRA.DIV UR4, `(.L_x_9)).
+BRANCH_RE = re.compile(r"\bBRA\b[^`]*?(?:`\((\.L_x_\d+)\)|\b(0x[0-9a-fA-F]+))")
 
 
 def parse(text):

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """bench/gpu/sass_loops.py on hand-made `cuobjdump -sass` text: two
-functions, loops branching back by address and by label, a loop nested in
+functions, loops branching back by address, by label and past operands, a loop nested in
 another (only the inner one by default, both with --all), the self-branch
 after EXIT left out, predicates and opcode suffixes stripped, --kernel
 filtering, and clear exits on a file without functions and on a name that
@@ -45,6 +45,7 @@ SASS = (
     + instr(0x30, "BRA.DIV UR4, `(.L_x_9)")
     + instr(0x40, "@!P2 BRA `(.L_x_3)")
     + instr(0x50, "EXIT")
+    + instr(0x58, "BRA.U !UP0, 0x50")
     + ".L_x_9:\n"
     + instr(0x60, "EXIT")
 )
@@ -63,13 +64,15 @@ with tempfile.TemporaryDirectory() as d:
     check(rc == 0, f"exit 0 (got {rc}: {err})")
     lines = out.splitlines()
     check("_Z5outerPf: 12 instructions" in lines, f"first function's count (got {lines})")
-    check("_Z5labelPi: 7 instructions" in lines, f"second function's count (got {lines})")
+    check("_Z5labelPi: 8 instructions" in lines, f"second function's count (got {lines})")
     inner = "  loop /*0030*/../*0060*/: 4 instructions a pass: HMMA 2, BRA 1, PRMT 1"
     check(inner in lines, f"the inner loop, predicate and suffixes stripped (got {lines})")
     check(not any("/*0020*/../*0090*/" in ln for ln in lines), f"the outer loop only with --all (got {lines})")
     check(not any("/*00b0*/" in ln for ln in lines), f"no self-branch after EXIT (got {lines})")
     check("  loop /*0010*/../*0040*/: 4 instructions a pass: BRA 2, IADD3 1, LDG 1" in lines,
           f"a loop closed by a label (got {lines})")
+    check("  loop /*0050*/../*0058*/: 2 instructions a pass: BRA 1, EXIT 1" in lines,
+          f"a branch with operands before its target (got {lines})")
 
     rc, out, _ = run(path, "--all", "--kernel", "outer", "--top", "2")
     lines = out.splitlines()

@@ -110,7 +110,8 @@ int32_t* upload_ints(ops::Backend& be, const std::vector<int32_t>& v) {
   return static_cast<int32_t*>(p);
 }
 
-// Decode attention, BF16 q / out / pages, hq 32, hk 8, hd 128, pages of 16:
+// Decode attention, BF16 q / out / pages, hq 32, hk 8, hd 128 (or
+// OSPREY_BENCH_HEADS, below), pages of 16:
 // `sets` page tables over disjoint pages of one pool (pages shuffled, as in
 // a pool that has served many requests; the pool spans >= 1 GiB so that
 // repeated calls read device memory, not L2). Timed as graph replays of

@@ -316,6 +316,8 @@ struct Mma16<__half> {
 // (grid y = hk * parts), each reading the head's K and V.
 constexpr int kMmaMaxRows = 8;
 __host__ __device__ constexpr int mma_head_parts(int group) { return (group + kMmaMaxRows - 1) / kMmaMaxRows; }
+// The tensor-core kernel's grid y: hk KV heads x their parts (hk > 0).
+int mma_grid_y(const PagedAttentionArgs& a) { return a.hk * mma_head_parts(a.hq / a.hk); }
 
 struct HeadRows {
   int kvh;     // the KV head
@@ -823,7 +825,7 @@ void launch_mma(const PagedAttentionArgs& a, cudaStream_t stream) {
   constexpr size_t smem = mma_smem_bytes<kHd, kMmaMaxRows, static_cast<int>(sizeof(KvT)), mma_scale_bytes<KvT>()>();
   auto kernel = mma_decode_kernel<kHd, T, KvT>;
   if constexpr (smem > 48 * 1024) set_max_dynamic_smem_once(kernel, smem);
-  const dim3 grid(static_cast<unsigned>(a.num_seqs), static_cast<unsigned>(a.hk * mma_head_parts(a.hq / a.hk)),
+  const dim3 grid(static_cast<unsigned>(a.num_seqs), static_cast<unsigned>(mma_grid_y(a)),
                   static_cast<unsigned>(a.num_splits));
   // Programmatic dependent launch: the copies of earlier positions' K/V
   // start while qkv_rope_kv_write (which triggers at its start) still runs.
@@ -916,7 +918,7 @@ bool merge_kernel_forced() {
 
 bool decode_attention_supported(const PagedAttentionArgs& a) {
   const int g = a.hk > 0 ? a.hq / a.hk : 0;
-  const bool group_ok = use_mma(a) ? g >= 1 && int64_t{a.hk} * mma_head_parts(g) <= 65535
+  const bool group_ok = use_mma(a) ? g >= 1 && mma_grid_y(a) <= 65535
                                    : g == 1 || g == 2 || g == 4 || g == 8;
   return (a.hd == 64 || a.hd == 128) && group_ok && a.hq == g * a.hk &&
          aligned16(a.k_cache) && aligned16(a.v_cache) &&
@@ -926,7 +928,7 @@ bool decode_attention_supported(const PagedAttentionArgs& a) {
 }
 
 int64_t decode_blocks_per_split(const PagedAttentionArgs& a) {
-  const int64_t per_seq = int64_t{a.hk} * (use_mma(a) && a.hk > 0 ? mma_head_parts(a.hq / a.hk) : 1);
+  const int64_t per_seq = use_mma(a) && a.hk > 0 ? mma_grid_y(a) : a.hk;
   return int64_t{a.num_seqs} * per_seq;
 }
 
