@@ -608,8 +608,9 @@ void one_byte_decode_sweep(ops::Backend& gpu, ops::Backend& cpu, PageCheck check
 // Prompts, chunked prefill over earlier pages, and mixed steps (decode rows
 // first, as the engine orders them) with 16-bit q: every mma.sync prefill
 // block shape the default choice reaches (short, few-wave and many-wave
-// prompts) and, on Hopper, the wgmma kernel for the prompt-heavy steps with
-// head_dim 128 where it takes the page dtype, next to the decode kernel.
+// prompts) and, on Hopper, the wgmma kernel (its warp-specialised default,
+// which takes F8_E4M3 and I8 pages at head_dim 64 and 128) for the
+// prompt-heavy steps, next to the decode kernel.
 void one_byte_prefill_sweep(ops::Backend& gpu, ops::Backend& cpu, PageCheck check, uint32_t seed) {
   for (DType act : {DType::kBF16, DType::kF16}) {
     for (Config c : {Config{32, 8, 128, 16, act}, Config{8, 2, 64, 16, act}, Config{9, 3, 128, 7, act}}) {
@@ -711,11 +712,11 @@ I8Pages i8_pages(const Config& c, int64_t num_blocks, uint32_t seed) {
 }
 
 // One step over such pages with q / out of dtype act (BF16 or F16: the
-// tensor-core decode kernel and the mma.sync prefill kernel's I8 variant),
+// tensor-core decode kernel and the prefill kernels' I8 variants),
 // against the CPU backend on the same pages and the same (rounded) q. The
 // CPU reads q * s in fp32; the GPU's decode kernel takes the int8 values
 // exactly (in half) with the scales in fp32 and P' in half, its prefill
-// kernel q * s rounded to act.
+// kernels (mma.sync and wgmma) q * s rounded to act.
 void check_i8(ops::Backend& gpu, ops::Backend& cpu, DType act, Config c, const std::vector<SeqSpec>& seqs, int window,
               uint32_t seed) {
   c.kv_dtype = DType::kI8;
@@ -732,7 +733,8 @@ TEST_F(AttentionTest, I8PagesDecodeAcrossGroupsHeadDimsAndBlockSizes) {
   one_byte_decode_sweep(gpu(), cpu(), check_i8, {DType::kBF16, DType::kF16}, 2300);
 }
 
-// The prefill kernels' I8 variant (the mma.sync kernel: wgmma takes no I8 pages).
+// The prefill kernels' I8 variants (the mma.sync kernel's, and on Hopper
+// the wgmma kernel's for prompt-heavy steps).
 TEST_F(AttentionTest, I8PagesPrefillAndMixedSteps) { one_byte_prefill_sweep(gpu(), cpu(), check_i8, 2500); }
 
 // kv_write into I8 pages: codes and row scales bit for bit the CPU's

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <numeric>
 #include <optional>
 #include <random>
@@ -421,14 +422,23 @@ TEST_F(PrefillAttention, LongPromptsAndChunksF16) {
 
 // Row and key tiles of 128 (the wgmma kernel's): prompts and chunks ending
 // just before, on and after tile boundaries, single rows after 127 and 128
-// earlier keys, G = 1 / 4 / 8; the wgmma kernel (where it runs) and the op.
+// earlier keys, G = 1 / 3 / 4 / 8, head_dim 128 and 64; the wgmma kernel
+// (where it runs: on an sm_90 device, head_dim 64 in variants 2 and 3 only)
+// and the op.
 TEST_F(PrefillAttention, WgmmaTileBoundaries) {
   const std::vector<Seq> seqs = {{127, 0}, {128, 0},  {129, 0}, {1, 127},   {1, 128}, {31, 97},
                                  {32, 96}, {33, 224}, {255, 1}, {257, 255}, {2, 0}};
   uint32_t seed = 400;
   for (DType dt : {DType::kBF16, DType::kF16}) {
-    for (Heads h : {Heads{8, 8, 128, 0}, Heads{32, 8, 128, 0}, Heads{8, 1, 128, 0}}) {
+    for (Heads h : {Heads{8, 8, 128, 0}, Heads{32, 8, 128, 0}, Heads{8, 1, 128, 0}, Heads{32, 8, 64, 0},
+                    Heads{9, 3, 64, 0}, Heads{8, 1, 64, 0}}) {
       Problem pb(gpu(), h, seqs, 16, seed += 5, 0.0f, dt);
+      if (cuda::prefill_wgmma_available()) {
+        const bool hd64 = h.hd == 64;
+        EXPECT_TRUE(pb.runs(kWgmma - 1) && pb.runs(kWgmma - 2)) << tag(h, 16, kWgmma - 2);
+        EXPECT_EQ(pb.runs(kWgmma), !hd64) << tag(h, 16, kWgmma);
+        EXPECT_EQ(pb.runs(kWgmma - 3), !hd64) << tag(h, 16, kWgmma - 3);
+      }
       for (int variant = kWgmmaLast; variant <= -2; ++variant) {
         if (!pb.runs(variant)) continue;
         pb.poison();
@@ -439,12 +449,46 @@ TEST_F(PrefillAttention, WgmmaTileBoundaries) {
   }
 }
 
+// Which wgmma variants take which pages and heads: 16-bit pages in every
+// variant at head_dim 128; head_dim 64, F8_E4M3 pages and I8 pages (with
+// their row scales) only in the warp-specialised variants 2 and 3; never
+// a sliding window, other head_dims, or I8 pages without row scales.
+// (The I8 variants' numbers are checked through the op by AttentionTest's
+// I8PagesPrefillAndMixedSteps, whose prompt-heavy steps take them.)
+TEST_F(PrefillAttention, WgmmaVariantsCoverShapes) {
+  Problem pb(gpu(), {32, 8, 128, 0}, {{300, 0}}, 16, 3);
+  const float scales[1] = {1.0f};
+  auto covers = [&](int hd, DType kv, int variant, int window = 0, bool row_scales = true) {
+    cuda::PagedAttentionArgs a = pb.args();
+    a.hd = hd;
+    a.kv_dtype = kv;
+    a.window = window;
+    if (kv == DType::kI8 && row_scales) a.k_row_scales = a.v_row_scales = scales;
+    return cuda::prefill_wgmma_supports(a, variant);
+  };
+  for (int variant = 1; variant < cuda::kNumPrefillWgmmaVariants; ++variant) {
+    const bool ws = variant == 2 || variant == 3;
+    const std::string v = "variant " + std::to_string(variant);
+    EXPECT_TRUE(covers(128, DType::kBF16, variant)) << v;
+    EXPECT_EQ(covers(64, DType::kBF16, variant), ws) << v;
+    EXPECT_EQ(covers(128, DType::kF8E4M3, variant), ws) << v;
+    EXPECT_EQ(covers(64, DType::kF8E4M3, variant), ws) << v;
+    EXPECT_EQ(covers(128, DType::kI8, variant), ws) << v;
+    EXPECT_EQ(covers(64, DType::kI8, variant), ws) << v;
+    EXPECT_FALSE(covers(128, DType::kI8, variant, 0, false)) << v << ": I8 pages without row scales";
+    EXPECT_FALSE(covers(128, DType::kBF16, variant, 512)) << v << ": window";
+    EXPECT_FALSE(covers(96, DType::kBF16, variant)) << v << ": head_dim 96";
+    EXPECT_FALSE(covers(256, DType::kBF16, variant)) << v << ": head_dim 256";
+  }
+  EXPECT_EQ(cuda::kPrefillWgmmaDefaultVariant, 3);
+}
+
 // F8_E4M3 pages: the wgmma kernel's F8 variants (2 and 3, where they run:
 // on an sm_90 device they must), the op and the mma.sync kernel's automatic
 // choice, against float64 over the values the codes stand for; tile
 // boundaries, prompts after earlier pages, a decode row in a prefill step,
-// G = 1 / 4 / 8, page sizes 16 and 24, both 16-bit types; and pages of
-// subnormal codes only.
+// G = 1 / 3 / 4 / 8, head_dim 128 and 64, page sizes 16 and 24, both
+// 16-bit types; and pages of subnormal codes only.
 TEST_F(PrefillAttention, F8PagesWgmmaMatchFloat64) {
   const std::vector<Seq> bounds = {{127, 0}, {128, 0},  {129, 0}, {1, 127},   {1, 128}, {31, 97},
                                    {32, 96}, {33, 224}, {255, 1}, {257, 255}, {2, 0}};
@@ -464,6 +508,10 @@ TEST_F(PrefillAttention, F8PagesWgmmaMatchFloat64) {
       {{16, 4, 128, 0}, &mixed, 24},
       {{32, 8, 128, 0}, &long_prompt, 16},
       {{32, 8, 128, 0}, &mixed, 16, F8Pages::kSubnormal},  // codes below 2^-6 only
+      {{32, 8, 64, 0}, &bounds, 16},                       // head_dim 64
+      {{9, 3, 64, 0}, &mixed, 24},
+      {{32, 8, 64, 0}, &long_prompt, 16},
+      {{32, 8, 64, 0}, &mixed, 16, F8Pages::kSubnormal},
   };
   uint32_t seed = 900;
   for (DType dt : {DType::kBF16, DType::kF16}) {
@@ -618,11 +666,18 @@ TEST_F(PrefillAttention, QkvRopeKvWriteBothKernelsMatchCpu) {
 // pages of 16 in shuffled order: BF16 for every block shape (0 = the
 // automatic choice) in both block orders ("mmaN" longest-first, "mmaN-ph"
 // per KV head) and the wmma kernel; F16 for the automatic choice. Median of
-// 15 event-timed launches after 3 warm-ups.
+// 15 event-timed launches after 3 warm-ups. OSPREY_BENCH_HEADS=hq,hk,hd
+// picks other heads (e.g. 32,8,64: Llama-3.2-1B; 9,3,64: SmolLM2).
 TEST_F(PrefillAttention, DISABLED_PrefillAttentionBench) {
   cudaDeviceProp prop{};
   ASSERT_EQ(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
-  std::printf("prefill attention bench on %s: causal, hq 32, hk 8, hd 128, pages of 16\n", prop.name);
+  Heads heads{32, 8, 128, 0};
+  if (const char* v = std::getenv("OSPREY_BENCH_HEADS")) {
+    ASSERT_EQ(std::sscanf(v, "%d,%d,%d", &heads.hq, &heads.hk, &heads.hd), 3) << "OSPREY_BENCH_HEADS=hq,hk,hd";
+    ASSERT_TRUE(heads.hk > 0 && heads.hq % heads.hk == 0 && (heads.hd == 64 || heads.hd == 128)) << v;
+  }
+  std::printf("prefill attention bench on %s: causal, hq %d, hk %d, hd %d, pages of 16\n", prop.name, heads.hq,
+              heads.hk, heads.hd);
   std::printf("%-10s %-7s %-10s %10s %10s\n", "tokens", "dtype", "kernel", "ms", "TFLOP/s");
   cudaEvent_t e0, e1;
   ASSERT_EQ(cudaEventCreate(&e0), cudaSuccess);
@@ -641,7 +696,7 @@ TEST_F(PrefillAttention, DISABLED_PrefillAttentionBench) {
     for (int pages = 0; pages < 4; ++pages) {  // 2, 3: F8_E4M3 pages, bf16 / f16 q
       const DType dt = pages % 2 == 1 ? DType::kF16 : DType::kBF16;
       const bool f8 = pages >= 2;
-      Problem pb(gpu(), {32, 8, 128, 0}, c.seqs, 16, 3, 0.0f, dt, f8 ? F8Pages::kRandom : F8Pages::kNone);
+      Problem pb(gpu(), heads, c.seqs, 16, 3, 0.0f, dt, f8 ? F8Pages::kRandom : F8Pages::kNone);
       const auto a = pb.args();
       // k <= -2: wgmma variant -1 - k (sm_90 only); -1: wmma; 2 v + o: mma
       // block shape v in order o.

@@ -1,5 +1,5 @@
 // Whole-model figures on the CUDA backend with dummy weights of a bundled
-// config (default Llama-3-8B) in bf16: TTFT of one 2048-token prompt,
+// config (default Llama-3-8B) in bf16: TTFT of one prompt (2048 tokens, or --prompt),
 // batch-1 decode time per step at several context lengths with MBU against
 // the measured copy bandwidth, and a per-op breakdown of one decode step and
 // of the prefill (CUDA events around every backend call). A benchmark: it
@@ -7,7 +7,8 @@
 //
 // Usage: model_bench [config name, default llama-3-8b] [dtype, default bfloat16] [--decode-only] [--ctx N]...
 //        [--ttft-reps N] [--ttft-gap-ms G] [--batch N]... [--pool-gb G] [--scatter] [--mixed P] [--profile-step]
-//        [--ctx-spread F] [--fp8] [--kv-cache-dtype D]
+//        [--ctx-spread F] [--fp8] [--kv-cache-dtype D] [--prompt N]
+// --prompt N (1..32768, default 2048): the TTFT prompt's length.
 // --kv-cache-dtype D: the KV pages' dtype (ModelLoadOptions::kv_cache_dtype,
 // e.g. fp8; default auto = the compute dtype); MBU counts their bytes.
 // --decode-only skips the TTFT and prefill breakdown (A/B runs of decode
@@ -574,6 +575,7 @@ int main(int argc, char** argv) {
   bool pdl_gemm = false;
   bool fp8 = false;
   std::string kv_cache_dtype = "auto";
+  int prompt = 2048;  // TTFT prompt tokens
   // The value of option argv[i] (i advanced past it) if it is an integer in
   // [lo, hi]; otherwise a message and false.
   auto int_arg = [&](int& i, int lo, int hi, int& out) {
@@ -602,6 +604,8 @@ int main(int argc, char** argv) {
       scatter = true;
     } else if (a == "--ttft-reps" && has_value) {
       if (!int_arg(i, 1, 1000, ttft_reps)) return 2;
+    } else if (a == "--prompt" && has_value) {
+      if (!int_arg(i, 1, 32768, prompt)) return 2;
     } else if (a == "--ttft-gap-ms" && has_value) {
       if (!int_arg(i, 0, 10000, ttft_gap_ms)) return 2;
     } else if (a == "--batch" && has_value) {
@@ -694,12 +698,12 @@ int main(int argc, char** argv) {
               std::string(dtype_name(model.kv_dtype())).c_str(), static_cast<double>(model.weight_bytes()) / 1e9,
               load_s, model.kv_bytes_per_token());
 
-  const int bs = 16, prompt = 2048;
+  const int bs = 16;
   // A (batch, ctx) pair runs unless its KV is over kMaxBatchKvBytes (batch 1 always runs).
   auto runs = [&](int b, int ctx) {
     return b == 1 || static_cast<double>(model.kv_bytes_per_token()) * b * ctx <= kMaxBatchKvBytes;
   };
-  // Pages for the largest pair that runs (and the 2048-token prompt).
+  // Pages for the largest pair that runs (and the TTFT prompt).
   int kv_pages = (prompt + bs - 1) / bs;
   for (int b : batches)
     for (int ctx : contexts)
@@ -719,7 +723,7 @@ int main(int argc, char** argv) {
   const int max_batch = *std::max_element(batches.begin(), batches.end());
   model.reserve(std::max(prompt, max_batch + mixed), max_batch + 1);
 
-  // TTFT: one 2048-token prompt (forward incl. the last row's logits).
+  // TTFT: one prompt of `prompt` tokens (forward incl. the last row's logits).
   if (!decode_only) {
     Step s = make_step(be, prompt, prompt, bs, c.vocab_size);
     std::vector<double> t;

@@ -116,6 +116,17 @@ __device__ __forceinline__ uint32_t i8x2_to_half2_bits(uint32_t pair) {
   return *reinterpret_cast<const uint32_t*>(&h);
 }
 
+// Four int8 values (word, low byte first) as floats, exactly, without an
+// int-to-float conversion (the prefill kernels widen whole tiles, and those
+// conversions share the quarter-rate pipe with the softmax's exp2): each
+// byte b + 128 goes into the mantissa of 2^23 (exponent bits 0x4B), and
+// 2^23 + 128 comes off.
+__device__ __forceinline__ void i8x4_to_float(uint32_t word, float* f) {
+  const uint32_t biased = word ^ 0x80808080u;
+#pragma unroll
+  for (uint32_t k = 0; k < 4; ++k) f[k] = __uint_as_float(__byte_perm(biased, 0x4B000000u, 0x7440u | k)) - 8388736.0f;
+}
+
 }  // namespace osprey::cuda
 
 // Runs `body` with `KvT` bound to the C++ type of KV page dtype `dt`: the

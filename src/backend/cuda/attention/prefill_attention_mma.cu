@@ -302,11 +302,10 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
       float f[8];
       if constexpr (kI8) {
         const float sc = reinterpret_cast<const float*>(smem + L::scales)[row];  // K rows, then V rows
+        i8x4_to_float(w.x, f);
+        i8x4_to_float(w.y, f + 4);
 #pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          const uint32_t word = e < 4 ? w.x : w.y;
-          f[e] = static_cast<float>(static_cast<int8_t>((word >> (8 * (e % 4))) & 0xffu)) * sc;
-        }
+        for (int e = 0; e < 8; ++e) f[e] *= sc;
       } else {
         e4m3x4_to_float(w.x, f);
         e4m3x4_to_float(w.y, f + 4);

@@ -1,7 +1,8 @@
 // Paged prefill attention on Hopper warpgroup MMA (wgmma, sm_90a): 16-bit q,
 // out and pages of one type T (BF16 or F16), or F8_E4M3 pages (variants 2
-// and 3: widened to T in shared memory), head_dim 128, no sliding window;
-// the same function as prefill_attention_mma.cu (FlashAttention-2
+// and 3: widened to T in shared memory), head_dim 128 (every variant) or 64
+// (the warp-specialised variants 2 and 3), no sliding window; the same
+// function as prefill_attention_mma.cu (FlashAttention-2
 // arithmetic: fp32 scores and accumulators, online softmax in exp2 with the
 // scale folded in, P rounded to T for P V).
 //
@@ -9,7 +10,8 @@
 // token r / G, query head kv_head * G + r % G), G = hq / hk, so the G query
 // heads of a KV head share every K/V tile. Two warpgroups of 4 warps, each
 // owning 64 rows: S[64 x 128 keys] = Q K^T as wgmma m64n128k16 with Q and K
-// from shared memory (8 k-steps over d), O[64 x 128] += P V with P straight
+// from shared memory (d / 16 k-steps), O[64 x d] += P V (m64n128k16, or
+// m64n64k16 at head_dim 64) with P straight
 // from the S accumulators in registers (rounded to T in place: the
 // accumulator layout of S is the A-fragment layout of P) and V from shared
 // memory through the transposed-B descriptor. S, O and the softmax state
@@ -27,8 +29,8 @@
 //           (runs while the tensor cores still do P_{t-1} V_{t-1})
 //   wait PV: rescale O, P_t = round(S_t)
 // and P_{last} V_{last} after the loop. Shared-memory tiles use the 128-byte
-// swizzle of the wgmma descriptors: two 64-element column panels of 128-byte
-// rows, the 16-byte chunk c of row r stored at chunk c ^ (r % 8), tiles on
+// swizzle of the wgmma descriptors: 64-element column panels (two at
+// head_dim 128, one at 64) of 128-byte rows, the 16-byte chunk c of row r stored at chunk c ^ (r % 8), tiles on
 // 1024-byte boundaries (prefill_wgmma.cuh).
 //
 // Row r sees keys [0, min(pos + 1, kv_len)), pos = positions[token]:
@@ -55,6 +57,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "backend/cuda/attention/kv_fp8.cuh"
 #include "backend/cuda/attention/mma_ptx.cuh"
 #include "backend/cuda/attention/prefill_rows.cuh"
 #include "backend/cuda/attention/prefill_wgmma.cuh"
@@ -67,25 +70,36 @@
 namespace osprey::cuda {
 namespace {
 
-constexpr int kHd = 128;                          // head_dim: two 64-element panels
-constexpr int kM = 128;                           // rows per block (2 warpgroups x 64)
-constexpr int kN = 128;                           // keys per tile
-constexpr int kThreads = 256;                     // 8 warps
-constexpr int kChunks = kHd / 8;                  // 16-byte chunks per row
-constexpr int kCopies = kN * kChunks / kThreads;  // 16-byte copies per thread per K or V tile
-static_assert(kCopies * kThreads == kN * kChunks && kM * kChunks % kThreads == 0, "tile copies");
+constexpr int kM = 128;        // rows per block (2 warpgroups x 64)
+constexpr int kN = 128;        // keys per tile
+constexpr int kThreads = 256;  // 8 warps (prefill_wgmma_kernel)
 static_assert(kN <= kThreads, "one page-table entry per thread");
 
 // Shared memory, byte offsets from a 1024-aligned base. Q, K and V tiles
-// are [2 panels][rows][128 bytes] (swizzled).
+// are [panels][rows][128 bytes] (swizzled), a panel per 64 elements of
+// head_dim.
 constexpr uint32_t kQPanel = kM * 128;   // bytes of one Q panel
 constexpr uint32_t kKvPanel = kN * 128;  // bytes of one K or V panel
-constexpr uint32_t kKvTile = 2 * kKvPanel;
 constexpr uint32_t kOffQ = 0;
-constexpr uint32_t kOffK = kOffQ + 2 * kQPanel;  // K ring [2]
-constexpr uint32_t kOffV = kOffK + 2 * kKvTile;  // V ring [2]
+
+// Tile shapes of head_dim kHd (64: one panel, 128: two).
+template <int kHd>
+struct HdTiles {
+  static_assert(kHd == 64 || kHd == 128, "head_dim 64 or 128");
+  static constexpr int kPanels = kHd / 64;
+  static constexpr int kChunks = kHd / 8;  // 16-byte chunks of a 16-bit row
+  static constexpr uint32_t kQTile = kPanels * kQPanel;
+  static constexpr uint32_t kKvTile = kPanels * kKvPanel;
+};
+
+// prefill_wgmma_kernel (variants 1 and 4) takes head_dim 128 only.
+using Hd128 = HdTiles<128>;
+constexpr int kCopies = kN * Hd128::kChunks / kThreads;  // 16-byte copies per thread per K or V tile
+static_assert(kCopies * kThreads == kN * Hd128::kChunks && kM * Hd128::kChunks % kThreads == 0, "tile copies");
+constexpr uint32_t kOffK = kOffQ + Hd128::kQTile;        // K ring [2]
+constexpr uint32_t kOffV = kOffK + 2 * Hd128::kKvTile;  // V ring [2]
 constexpr uint32_t kOffSlot =
-    kOffV + 2 * kKvTile;  // int [3][kN]: K/V row per key (slot * hk + kv head), -1 past the range
+    kOffV + 2 * Hd128::kKvTile;  // int [3][kN]: K/V row per key (slot * hk + kv head), -1 past the range
 constexpr uint32_t kOffHi = kOffSlot + 3 * kN * 4;      // int [8]: per-warp largest key bound
 constexpr uint32_t kSmemBytes = kOffHi + 8 * 4 + 1024;  // + slack to align the base to 1024
 static_assert(kOffK % 1024 == 0 && kOffV % 1024 == 0 && kKvPanel % 1024 == 0 && kQPanel % 1024 == 0,
@@ -163,8 +177,9 @@ __device__ __forceinline__ bool wg_block(const PagedAttentionArgs& a, int tiles_
 
 // q -> the Q tile at smem + kOffQ (zeros past the sequence's rows) by the
 // kBlockThreads threads of the block: cp.async, not committed.
-template <class T, int kBlockThreads>
+template <class T, int kHd, int kBlockThreads>
 __device__ __forceinline__ void load_q(const PagedAttentionArgs& a, const WgBlock& b) {
+  constexpr int kChunks = HdTiles<kHd>::kChunks;
   const T* q = static_cast<const T*>(a.q);
   for (int i = b.tid; i < kM * kChunks; i += kBlockThreads) {
     const int r = i / kChunks;
@@ -244,8 +259,11 @@ struct KvPages {
   // page-table entries are loaded together, before any is used, so that
   // the caller waits for the page table once, not once a key. kPow2:
   // bs_pow2 (the caller branches on it once, outside its loop).
+  // scales != nullptr (I8 pages): scales[n] = the index of that key's row
+  // scale (ops::kv_row_scale_index, in 32-bit arithmetic: the rows fit an
+  // int), 0 from hi on.
   template <int kKeys, bool kPow2>
-  __device__ __forceinline__ void rows_of(int k0, int step, int hi, int* rows) const {
+  __device__ __forceinline__ void rows_of(int k0, int step, int hi, int* rows, int* scales = nullptr) const {
     int pg[kKeys];
     int entry[kKeys];
 #pragma unroll
@@ -259,6 +277,7 @@ struct KvPages {
     for (int n = 0; n < kKeys; ++n) {
       const int kp = k0 + step * n;
       rows[n] = kp < hi ? row_in(entry[n], pg[n], kp) : -1;
+      if (scales != nullptr) scales[n] = kp < hi ? (entry[n] * a.hk + kvh) * bs + (kp - pg[n] * bs) : 0;
     }
   }
 };
@@ -266,7 +285,7 @@ struct KvPages {
 // Address of chunk c of K/V row `row`, given chunk_base = the cache's first
 // byte + 16 c; row < 0 (past the range: the copy zero-fills and reads
 // nothing) gives row 0's.
-template <class T>
+template <class T, int kHd>
 __device__ __forceinline__ const void* kv_chunk_src(const char* chunk_base, int row) {
   return chunk_base + static_cast<uint64_t>(static_cast<uint32_t>(max(row, 0))) * (kHd * sizeof(T));
 }
@@ -287,9 +306,10 @@ __device__ __forceinline__ const void* kv_chunk_src(const char* chunk_base, int 
 // spills as they are but change the kernels' machine code (instruction
 // order); as separate locals the kernels compile to the same code as with
 // the arithmetic written out in each.
-template <bool kF16>
+template <bool kF16, int kHd>
 struct WgRows {
-  float (&o)[64];        // O[64 x 128], the m64n128 accumulator layout (wgmma::mma_ss)
+  static constexpr int kO = kHd / 2;  // O accumulators per thread
+  float (&o)[kO];        // O[64 x kHd], the m64nkHd accumulator layout (wgmma::mma_ss)
   float (&s)[64];        // S_t, then P_t = exp2(S_t scale2 - m) in fp32
   uint32_t (&pa)[8][4];  // P rounded to T, the A operand of P V (k-step kk: keys 16 kk ..)
   float (&m)[2];         // running max of rows g and g + 8 (log2 domain, scaled)
@@ -302,17 +322,16 @@ struct WgRows {
 
   // Zeroes o, s, pa and l, sets m to -inf. row_hi: key bounds
   // (key_bounds); rows64: which 64 rows of the Q tile at sbase + kOffQ.
-  __device__ __forceinline__ WgRows(float (&o_)[64], float (&s_)[64], uint32_t (&pa_)[8][4], float (&m_)[2],
+  __device__ __forceinline__ WgRows(float (&o_)[kO], float (&s_)[64], uint32_t (&pa_)[8][4], float (&m_)[2],
                                     float (&l_)[2], const int (&row_hi)[2], float scale, uint32_t sbase, int rows64)
       : o(o_), s(s_), pa(pa_), m(m_), l(l_) {
     hi[0] = row_hi[0];
     hi[1] = row_hi[1];
     hi_min = min(row_hi[0], row_hi[1]);
 #pragma unroll
-    for (int i = 0; i < 64; ++i) {
-      o[i] = 0.0f;
-      s[i] = 0.0f;
-    }
+    for (int i = 0; i < kO; ++i) o[i] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 64; ++i) s[i] = 0.0f;
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk) pa[kk][0] = pa[kk][1] = pa[kk][2] = pa[kk][3] = 0u;
     m[0] = m[1] = -INFINITY;
@@ -327,10 +346,11 @@ struct WgRows {
     pin_p(pa);
   }
 
-  // S[64 x 128] = Q K^T with the K tile at k_addr, issued and committed.
+  // S[64 x 128] = Q K^T with the K tile at k_addr, issued and committed
+  // (kHd / 16 k-steps along d).
   __device__ __forceinline__ void issue_s(uint32_t k_addr) {
 #pragma unroll
-    for (int kk = 0; kk < 8; ++kk) {
+    for (int kk = 0; kk < kHd / 16; ++kk) {
       const uint32_t koff = static_cast<uint32_t>(kk & 3) * 32u;  // 16 elements along d within a panel
       wgmma::mma_ss<kF16>(s, wgmma::sw128_desc(q_addr + static_cast<uint32_t>(kk >> 2) * kQPanel + koff, 16, 1024),
                           wgmma::sw128_desc(k_addr + static_cast<uint32_t>(kk >> 2) * kKvPanel + koff, 16, 1024),
@@ -339,11 +359,12 @@ struct WgRows {
     wgmma::commit();
   }
 
-  // O[64 x 128] += P V with the V tile at v_addr, issued and committed.
+  // O[64 x kHd] += P V with the V tile at v_addr, issued and committed
+  // (8 k-steps over the tile's keys).
   __device__ __forceinline__ void issue_pv(uint32_t v_addr) {
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk) {
-      wgmma::mma_rs_tb<kF16>(o, pa[kk], wgmma::sw128_desc(v_addr + kk * 16 * 128, kKvPanel, 1024));
+      wgmma::mma_rs_tb<kF16, kHd>(o, pa[kk], wgmma::sw128_desc(v_addr + kk * 16 * 128, kKvPanel, 1024));
     }
     wgmma::commit();
   }
@@ -431,7 +452,7 @@ struct WgRows {
   __device__ __forceinline__ void wait_rescale() {
     wait_pv();
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
+    for (int j = 0; j < kHd / 8; ++j) {
       o[4 * j + 0] *= alpha[0];
       o[4 * j + 1] *= alpha[0];
       o[4 * j + 2] *= alpha[1];
@@ -452,10 +473,12 @@ struct WgRows {
   // out = O / l for the 16 rows of this warp (block rows wrow ..), staged
   // through those rows of the Q tile (no other warp reads them, and every
   // wgmma reading them has completed) for 16-byte stores.
-  // kKvF8: times the V scale (F8_E4M3 pages).
+  // kKvF8: times the layer's V scale (one-byte pages: F8_E4M3, or I8,
+  // whose layer scales are 1).
   template <bool kKvF8 = false>
   __device__ __forceinline__ void store(const PagedAttentionArgs& a, const WgBlock& b, int wrow) const {
     using T = std::conditional_t<kF16, __half, __nv_bfloat16>;
+    constexpr int kChunks = HdTiles<kHd>::kChunks;
     unsigned char* smem_q = b.smem + kOffQ;
     float inv[2];
 #pragma unroll
@@ -466,7 +489,7 @@ struct WgRows {
       inv[h] = sum > 0.0f ? (kKvF8 ? a.v_scale : 1.0f) / sum : 0.0f;
     }
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
+    for (int j = 0; j < kChunks; ++j) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int r = wrow + b.g + 8 * h;
@@ -495,6 +518,9 @@ template <bool kF16, bool kPvLate>
 __global__ void __launch_bounds__(kThreads, 1) prefill_wgmma_kernel(PagedAttentionArgs a, int tiles_per_seq) {
 #if OSP_WGMMA_DEVICE
   using T = std::conditional_t<kF16, __half, __nv_bfloat16>;
+  constexpr int kHd = 128;
+  constexpr int kChunks = Hd128::kChunks;
+  constexpr uint32_t kKvTile = Hd128::kKvTile;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   WgBlock b;
   if (!wg_block(a, tiles_per_seq, smem_raw, b)) return;
@@ -505,7 +531,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_wgmma_kernel(PagedAttenti
   const int wrow = 16 * b.warp;  // first row of this warp within the block
 
   // q -> sQ; completes with K_0's group.
-  load_q<T, kThreads>(a, b);
+  load_q<T, kHd, kThreads>(a, b);
   int hi[2];
   key_bounds(a, b, wrow, true, hi, sHi);
 
@@ -531,7 +557,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_wgmma_kernel(PagedAttenti
 #pragma unroll
     for (int n = 0; n < kCopies; ++n) {
       const int row = slots[cp_j + n * (kThreads / kChunks)];
-      cp_async16(b.smem + dst_off + cp_dst + n * (kThreads / kChunks) * 128, kv_chunk_src<T>(chunk_base, row),
+      cp_async16(b.smem + dst_off + cp_dst + n * (kThreads / kChunks) * 128, kv_chunk_src<T, kHd>(chunk_base, row),
                  row >= 0 ? 16 : 0);
     }
   };
@@ -546,11 +572,11 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_wgmma_kernel(PagedAttenti
   }
   cp_async_commit();  // Q (+ K_0)
 
-  float o[64];  // this warpgroup's rows (WgRows)
+  float o[kHd / 2];  // this warpgroup's rows (WgRows)
   float s[64];
   uint32_t pa[8][4];
   float m[2], l[2];
-  WgRows<kF16> w(o, s, pa, m, l, hi, a.scale, b.sbase, wg);
+  WgRows<kF16, kHd> w(o, s, pa, m, l, hi, a.scale, b.sbase, wg);
   auto v_addr = [&](int t) { return b.sbase + kOffV + static_cast<uint32_t>(t & 1) * kKvTile; };
 
   // One key tile; first (t == 0): no P V to issue yet. (Peeled rather than
@@ -633,16 +659,19 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_wgmma_kernel(PagedAttenti
 // for K/V (ncu: 19% of warp samples on the full barriers, H200, 4k tokens)
 // and the kernel 20% slower.
 //
-// F8_E4M3 pages (kKvF8): the copying warpgroup gathers each item's bytes
-// (128 keys x 128 one-byte values) with cp.async into a two-item staging
+// One-byte pages (kKv8: 1 F8_E4M3, 2 I8): the copying warpgroup gathers
+// each item's bytes (128 keys x head_dim values) with cp.async into a two-item staging
 // area, each thread into a share of its own, so no thread waits for
 // another's copies: with item i + 1 still in flight it waits for its own
 // copies of item i (cp.async.wait_group), widens them to T in registers
 // (exact in F16 and BF16) and stores them into the item's ring slot, then
 // arrives on the slot's full barrier (mbarrier.arrive, release) and issues
 // its copies of item i + 2 into the staging half it has just read. Five
-// ring slots make room for the staging area. The K scale goes on the
-// scores, the V scale on the output.
+// ring slots make room for the staging area. F8: the layer's K scale goes
+// on the scores, its V scale on the output. I8: each key's K and V row
+// scales are staged beside its codes (4-byte cp.async by one thread a key)
+// and the widening writes q * s rounded to T, as the mma.sync kernel's I8
+// variant does (the layer scales are 1).
 constexpr int kWsThreads = 384;
 constexpr int kWsCopyRegs = 56;      // per thread, copying warpgroup
 constexpr int kWsComputeRegs = 224;  // per thread, computing warpgroups
@@ -651,18 +680,21 @@ constexpr int kWsComputeRegs = 224;  // per thread, computing warpgroups
 // blocks the raising warpgroups for ever.
 static_assert(kWsCopyRegs * 128 + kWsComputeRegs * 256 <= kWsThreads * 168, "register pool of the block");
 // Shared memory of the warp-specialised kernel: Q, the ring of kSlots K or
-// V tiles, (F8) the staging area, the barriers and the per-warp key bounds.
+// V tiles, (one-byte pages) the staging area, (I8) the staged row scales,
+// the barriers and the per-warp key bounds.
 // (Measured on an H200, 2026-11-28: three F8 items staged with four ring
 // slots gave nothing over two with five.)
-template <bool kKvF8>
+template <int kKv8, int kHd>
 struct WsLayout {
-  static constexpr int kStages = 2;                                   // F8: items in the staging area
-  static constexpr int kSlots = kKvF8 ? 5 : 6;                        // K or V tiles in the ring
-  static constexpr uint32_t kStageItem = kN * kHd;                    // F8: one item's bytes
-  static constexpr uint32_t kOffSlot = kOffQ + 2 * kQPanel;           // slot s: one K or V tile
-  static constexpr uint32_t kOffStage = kOffSlot + kSlots * kKvTile;  // F8: [kStages][kStageItem]
+  static constexpr uint32_t kKvTile = HdTiles<kHd>::kKvTile;
+  static constexpr int kStages = 2;                                   // one-byte pages: items staged
+  static constexpr int kSlots = kKv8 ? 5 : 6;                         // K or V tiles in the ring
+  static constexpr uint32_t kStageItem = kN * kHd;                    // one-byte pages: an item's bytes
+  static constexpr uint32_t kOffSlot = kOffQ + HdTiles<kHd>::kQTile;  // slot s: one K or V tile
+  static constexpr uint32_t kOffStage = kOffSlot + kSlots * kKvTile;  // [kStages][kStageItem]
+  static constexpr uint32_t kOffScale = kOffStage + (kKv8 ? kStages * kStageItem : 0);  // I8: float [kStages][kN]
   // uint64_t full[kSlots], empty[kSlots]
-  static constexpr uint32_t kOffBar = kOffStage + (kKvF8 ? kStages * kStageItem : 0);
+  static constexpr uint32_t kOffBar = kOffScale + (kKv8 == 2 ? kStages * kN * 4 : 0);
   static constexpr uint32_t kOffHi = kOffBar + 2 * kSlots * 8;  // int [12]: per-warp largest key bound
   static constexpr uint32_t kSmemBytes = kOffHi + (kWsThreads / 32) * 4 + 1024;
   static_assert(kOffSlot % 1024 == 0 && kKvTile % 1024 == 0, "swizzle atoms on 1024-byte boundaries");
@@ -678,20 +710,26 @@ struct WsLayout {
 // Every phase of a slot's barriers completes in item order (an item is
 // filled only after the slot's previous item was read, and read only after
 // it was filled), so a barrier is never two phases ahead of its waiter and
-// the parity n & 1 names the phase. Thread p (of 128) copies chunk p % 16
-// of keys p / 16 + 8 n (n = 0..15) of K_t and then of V_t (the same rows),
+// the parity n & 1 names the phase. Thread p (of 128) copies chunk
+// p % C of keys p / C + (128 / C) n of K_t and then of V_t (the same rows;
+// C = kHd / 8 chunks a row: keys p / 16 + 8 n, n < 16, at head_dim 128),
 // then has the hardware arrive on the item's full barrier once they have
 // landed (.noinc: that arrival is one of the 128 the barrier expects). The
 // computing threads order those writes before their wgmma reads with
 // fence.proxy.async after their wait.
-template <class T>
+template <class T, int kHd>
 __device__ __forceinline__ void copy_kv_items(const PagedAttentionArgs& a, const WgBlock& b, int tile_hi, int nt,
                                               uint32_t full_bar, uint32_t empty_bar) {
-  constexpr int kWsSlots = WsLayout<false>::kSlots;
-  constexpr uint32_t kWsOffSlot = WsLayout<false>::kOffSlot;
+  using L = WsLayout<0, kHd>;
+  constexpr int kWsSlots = L::kSlots;
+  constexpr uint32_t kWsOffSlot = L::kOffSlot;
+  constexpr int kChunks = HdTiles<kHd>::kChunks;
+  constexpr int kStep = 128 / kChunks;  // keys apart: a multiple of 8
+  constexpr int kKeys = kN / kStep;     // keys of this thread a tile
+  static_assert(kStep % 8 == 0 && kKeys % 2 == 0, "copy pattern");
   const KvPages<T> kv(a, b.seq, b.kvh);
-  const int c = b.tid & 15;
-  const int j0 = b.tid >> 4;  // 0..7: (key % 8) is j0 for every key of this thread
+  const int c = b.tid & (kChunks - 1);
+  const int j0 = static_cast<int>(static_cast<unsigned>(b.tid) / kChunks);  // (key % 8): j0 % 8 for all its keys
   const uint32_t dst0 = swz(kN, j0, c);
   const char* chunk_k = reinterpret_cast<const char*>(kv.k) + c * 16;  // chunk c of K row 0
   const char* chunk_v = reinterpret_cast<const char*>(kv.v) + c * 16;
@@ -699,23 +737,23 @@ __device__ __forceinline__ void copy_kv_items(const PagedAttentionArgs& a, const
   // The loop, for a power-of-two block size or not (uniform branch).
   auto copy_items = [&](auto pow2) {
     constexpr bool kPow2 = decltype(pow2)::value;
-    int rows[kN / 8];  // K/V row of this thread's keys of the tile (KvPages::rows_of)
+    int rows[kKeys];  // K/V row of this thread's keys of the tile (KvPages::rows_of)
     for (uint32_t i = 0; i < items; ++i) {
       const uint32_t st = i % kWsSlots;
       if ((i & 1) == 0) {
-        // In two halves of 8 keys: 16 entries at once do not fit the
-        // copying warpgroup's registers. Before the wait for the slot, so
-        // that the page table's latency overlaps it.
+        // In two halves (of 8 keys at head_dim 128: 16 entries at once do
+        // not fit the copying warpgroup's registers). Before the wait for
+        // the slot, so that the page table's latency overlaps it.
         const int kb = static_cast<int>(i >> 1) * kN + j0;
-        kv.template rows_of<kN / 16, kPow2>(kb, 8, tile_hi, rows);
-        kv.template rows_of<kN / 16, kPow2>(kb + kN / 2, 8, tile_hi, rows + kN / 16);
+        kv.template rows_of<kKeys / 2, kPow2>(kb, kStep, tile_hi, rows);
+        kv.template rows_of<kKeys / 2, kPow2>(kb + kN / 2, kStep, tile_hi, rows + kKeys / 2);
       }
       if (i >= kWsSlots) wgmma::mbar_wait(empty_bar + 8 * st, ((i / kWsSlots) - 1) & 1u);
       const char* chunk_base = (i & 1) ? chunk_v : chunk_k;
-      unsigned char* dst = b.smem + kWsOffSlot + st * kKvTile + dst0;
+      unsigned char* dst = b.smem + kWsOffSlot + st * L::kKvTile + dst0;
 #pragma unroll
-      for (int n = 0; n < kN / 8; ++n) {
-        cp_async16(dst + n * 8 * 128, kv_chunk_src<T>(chunk_base, rows[n]), rows[n] >= 0 ? 16 : 0);
+      for (int n = 0; n < kKeys; ++n) {
+        cp_async16(dst + n * kStep * 128, kv_chunk_src<T, kHd>(chunk_base, rows[n]), rows[n] >= 0 ? 16 : 0);
       }
       wgmma::cp_async_mbar_arrive_noinc(full_bar + 8 * st);
     }
@@ -755,40 +793,85 @@ __device__ __forceinline__ void widen_e4m3x16(const uint4& w, uint4& lo, uint4& 
   hi = make_uint4(out[4], out[5], out[6], out[7]);
 }
 
-// copy_kv_items for F8_E4M3 pages (WsLayout<true>; the scheme is in the
-// comment above kWsThreads). Thread p owns byte chunk c = p % 8 (values
-// 16 c .. 16 c + 15) of keys p / 8 + 16 n (n = 0..7) of every item: its
-// staging share is 16 bytes at (n * 128 + p) * 16 of a staging half, and
-// it widens them into 16-bit chunks 2 c and 2 c + 1 of those rows.
+// Sixteen I8 codes (16 bytes, lowest first) times the row scale sc, each
+// rounded to the 16-bit type (kF16: F16, else BF16), lo = the first 8: the
+// values the mma.sync kernel's I8 variant widens to. The codes become
+// floats by i8x4_to_float: with int-to-float conversions instead, the
+// kernel took 2.4x FP8 pages' time (H200, 8k-token prompt).
 template <bool kF16>
-__device__ __forceinline__ void copy_kv_items_f8(const PagedAttentionArgs& a, const WgBlock& b, int tile_hi, int nt,
-                                                 uint32_t full_bar, uint32_t empty_bar) {
-  using L = WsLayout<true>;
+__device__ __forceinline__ void widen_i8x16(const uint4& w, float sc, uint4& lo, uint4& hi) {
+  const uint32_t in[4] = {w.x, w.y, w.z, w.w};
+  uint32_t out[8];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    float f[4];
+    i8x4_to_float(in[i], f);
+    out[2 * i] = pack2<kF16>(f[0] * sc, f[1] * sc);
+    out[2 * i + 1] = pack2<kF16>(f[2] * sc, f[3] * sc);
+  }
+  lo = make_uint4(out[0], out[1], out[2], out[3]);
+  hi = make_uint4(out[4], out[5], out[6], out[7]);
+}
+
+// copy_kv_items for one-byte pages (kKv8: 1 F8_E4M3, 2 I8; WsLayout<kKv8,
+// kHd>; the scheme is in the comment above kWsThreads). Thread p owns byte
+// chunk c = p % 8 (values 16 c .. 16 c + 15) of keys p / 8 + 16 n (n =
+// 0..7) of every item (at head_dim 64: c = p % 4 of keys p / 4 + 32 n, n =
+// 0..3): its staging share is 16 bytes at (n * 128 + p) * 16 of a staging
+// half, and it widens them into 16-bit chunks 2 c and 2 c + 1 of those
+// rows. I8: the thread with c = 0 also copies its keys' row scales of the
+// item (K scales for K items, V for V) into the item's scale half; the
+// lanes of a key (the same warp) read them after a __syncwarp.
+template <bool kF16, int kHd, int kKv8>
+__device__ __forceinline__ void copy_kv_items_8(const PagedAttentionArgs& a, const WgBlock& b, int tile_hi, int nt,
+                                                uint32_t full_bar, uint32_t empty_bar) {
+  using L = WsLayout<kKv8, kHd>;
+  constexpr bool kI8 = kKv8 == 2;
   constexpr int kStages = L::kStages;
+  static_assert(kStages == 2, "K items in staging half 0, V items in half 1: the scale halves too");
+  constexpr int kByteChunks = kHd / 16;     // 16-byte chunks of a row of codes
+  constexpr int kStep = 128 / kByteChunks;  // keys apart: a multiple of 8
+  constexpr int kKeys = kN / kStep;         // keys of this thread an item
+  static_assert(kStep % 8 == 0 && kKeys * 128 * 16 == static_cast<int>(L::kStageItem), "copy pattern");
   const KvPages<uint8_t> kv(a, b.seq, b.kvh);
-  const int c = b.tid & 7;
-  const int j0 = b.tid >> 3;  // 0..15: (key % 8) is j0 % 8 for every key of this thread
+  const int c = b.tid & (kByteChunks - 1);
+  const int j0 = static_cast<int>(static_cast<unsigned>(b.tid) / kByteChunks);  // (key % 8): j0 % 8 for all its keys
   const uint32_t dst_lo = swz(kN, j0, 2 * c);
   const uint32_t dst_hi = swz(kN, j0, 2 * c + 1);
   const char* chunk_k = reinterpret_cast<const char*>(kv.k) + c * 16;
   const char* chunk_v = reinterpret_cast<const char*>(kv.v) + c * 16;
   unsigned char* stage = b.smem + L::kOffStage + b.tid * 16;
+  float* scales = reinterpret_cast<float*>(b.smem + L::kOffScale);  // I8: [kStages][kN]
   const uint32_t items = 2u * static_cast<uint32_t>(nt);
   auto copy_items = [&](auto pow2) {
     constexpr bool kPow2 = decltype(pow2)::value;
-    int rows[kN / 16];  // K/V row of this thread's keys of the tile
+    int rows[kKeys];    // K/V row of this thread's keys of the tile
+    int srows[kKeys];  // I8: their row scales' index (KvPages::rows_of)
     // Item i's copies into staging part i % kStages, committed as one
     // group (an empty group past the last item, so that every wait below
     // counts the same); item 2 t finds the rows of tile t, item 2 t + 1
     // (issued next) reuses them.
     auto issue = [&](uint32_t i) {
       if (i < items) {
-        if ((i & 1) == 0) kv.template rows_of<kN / 16, kPow2>(static_cast<int>(i >> 1) * kN + j0, 16, tile_hi, rows);
+        if ((i & 1) == 0) {
+          kv.template rows_of<kKeys, kPow2>(static_cast<int>(i >> 1) * kN + j0, kStep, tile_hi, rows,
+                                            kI8 ? srows : nullptr);
+        }
         const char* chunk_base = (i & 1) ? chunk_v : chunk_k;
         unsigned char* dst = stage + (i % kStages) * L::kStageItem;
 #pragma unroll
-        for (int n = 0; n < kN / 16; ++n) {
-          cp_async16(dst + n * 128 * 16, kv_chunk_src<uint8_t>(chunk_base, rows[n]), rows[n] >= 0 ? 16 : 0);
+        for (int n = 0; n < kKeys; ++n) {
+          cp_async16(dst + n * 128 * 16, kv_chunk_src<uint8_t, kHd>(chunk_base, rows[n]), rows[n] >= 0 ? 16 : 0);
+        }
+        if constexpr (kI8) {
+          if (c == 0) {
+            const float* rs = (i & 1) ? a.v_row_scales : a.k_row_scales;
+            float* sdst = scales + (i % kStages) * kN + j0;
+#pragma unroll
+            for (int n = 0; n < kKeys; ++n) {
+              cp_async4(sdst + n * kStep, rs + srows[n], rows[n] >= 0 ? 4 : 0);
+            }
+          }
         }
       }
       cp_async_commit();
@@ -798,21 +881,29 @@ __device__ __forceinline__ void copy_kv_items_f8(const PagedAttentionArgs& a, co
     for (uint32_t i = 0; i < items; ++i) {
       const uint32_t st = i % L::kSlots;
       cp_async_wait<kStages - 1>();  // item i landed; the next kStages - 1 may still be in flight
+      if constexpr (kI8) __syncwarp();  // the scales copied by the key's lane c = 0
       if (i >= L::kSlots) wgmma::mbar_wait(empty_bar + 8 * st, ((i / L::kSlots) - 1) & 1u);
       const unsigned char* src = stage + (i % kStages) * L::kStageItem;
-      unsigned char* dst = b.smem + L::kOffSlot + st * kKvTile;
+      unsigned char* dst = b.smem + L::kOffSlot + st * L::kKvTile;
 #pragma unroll
-      for (int n = 0; n < kN / 16; ++n) {
+      for (int n = 0; n < kKeys; ++n) {
         uint4 lo, hi;
-        widen_e4m3x16<kF16>(*reinterpret_cast<const uint4*>(src + n * 128 * 16), lo, hi);
-        *reinterpret_cast<uint4*>(dst + dst_lo + n * 16 * 128) = lo;
-        *reinterpret_cast<uint4*>(dst + dst_hi + n * 16 * 128) = hi;
+        const uint4 w = *reinterpret_cast<const uint4*>(src + n * 128 * 16);
+        if constexpr (kI8) {
+          widen_i8x16<kF16>(w, scales[(i % kStages) * kN + j0 + n * kStep], lo, hi);
+        } else {
+          widen_e4m3x16<kF16>(w, lo, hi);
+        }
+        *reinterpret_cast<uint4*>(dst + dst_lo + n * kStep * 128) = lo;
+        *reinterpret_cast<uint4*>(dst + dst_hi + n * kStep * 128) = hi;
       }
       // The stores before the computing warpgroups' wgmma reads (they also
       // fence after their wait), and before this thread's next copies
-      // overwrite the staging part it has just read.
+      // overwrite the staging part it has just read (I8: and before lane
+      // c = 0 overwrites the scales the key's other lanes have read).
       wgmma::fence_proxy_async_shared();
       wgmma::mbar_arrive(full_bar + 8 * st);
+      if constexpr (kI8) __syncwarp();
       issue(i + kStages);
     }
   };
@@ -827,12 +918,13 @@ __device__ __forceinline__ void copy_kv_items_f8(const PagedAttentionArgs& a, co
 // kPingpong: the two computing warpgroups take turns to issue their wgmma
 // (named barriers 1 and 2), so that one's softmax runs while the other's
 // matrix products do.
-// kKvF8: F8_E4M3 pages (copy_kv_items_f8), q and out of the 16-bit type.
-template <bool kF16, bool kPingpong, bool kKvF8 = false>
+// kKv8: one-byte pages (copy_kv_items_8: 1 F8_E4M3, 2 I8), q and out of
+// the 16-bit type; 0: pages of that type. kHd: head_dim, 64 or 128.
+template <bool kF16, bool kPingpong, int kKv8, int kHd>
 __global__ void __launch_bounds__(kWsThreads, 1) prefill_wgmma_ws_kernel(PagedAttentionArgs a, int tiles_per_seq) {
 #if OSP_WGMMA_DEVICE
   using T = std::conditional_t<kF16, __half, __nv_bfloat16>;
-  using L = WsLayout<kKvF8>;
+  using L = WsLayout<kKv8, kHd>;
   constexpr int kWsSlots = L::kSlots;
   constexpr uint32_t kWsOffSlot = L::kOffSlot;
   constexpr uint32_t kWsOffBar = L::kOffBar;
@@ -848,7 +940,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) prefill_wgmma_ws_kernel(PagedAt
   const int wrow = 16 * (b.warp - 4);  // first block row of a computing warp
 
   // q -> sQ by all threads.
-  load_q<T, kWsThreads>(a, b);
+  load_q<T, kHd, kWsThreads>(a, b);
   cp_async_commit();
   int hi[2];
   key_bounds(a, b, wrow, wg > 0, hi, sHi);
@@ -869,20 +961,20 @@ __global__ void __launch_bounds__(kWsThreads, 1) prefill_wgmma_ws_kernel(PagedAt
   if (wg == 0) {
     // Copying warpgroup (copy_kv_items).
     wgmma::regs_dec<kWsCopyRegs>();
-    if constexpr (kKvF8) {
-      if (nt > 0) copy_kv_items_f8<kF16>(a, b, tile_hi, nt, full_bar, empty_bar);
+    if constexpr (kKv8 != 0) {
+      if (nt > 0) copy_kv_items_8<kF16, kHd, kKv8>(a, b, tile_hi, nt, full_bar, empty_bar);
     } else {
-      copy_kv_items<T>(a, b, tile_hi, nt, full_bar, empty_bar);
+      copy_kv_items<T, kHd>(a, b, tile_hi, nt, full_bar, empty_bar);
     }
     cp_async_commit();  // no copy of this thread outlives it
     cp_async_wait<0>();
   } else {
     wgmma::regs_inc<kWsComputeRegs>();
-    float o[64];  // this warpgroup's rows (WgRows)
+    float o[kHd / 2];  // this warpgroup's rows (WgRows)
     float s[64];
     uint32_t pa[8][4];
     float m[2], l[2];
-    WgRows<kF16> w(o, s, pa, m, l, hi, kKvF8 ? a.scale * a.k_scale : a.scale, b.sbase, wg - 1);
+    WgRows<kF16, kHd> w(o, s, pa, m, l, hi, kKv8 != 0 ? a.scale * a.k_scale : a.scale, b.sbase, wg - 1);
     // Turns (kPingpong): warpgroup cw waits on barrier 1 + cw before issuing
     // and then releases the other's; warpgroup 1 opens warpgroup 0's first
     // turn and skips its own last release, so every barrier sees as many
@@ -895,7 +987,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) prefill_wgmma_ws_kernel(PagedAt
       if constexpr (kPingpong) asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - cw) : "memory");
     };
     if (nt > 0 && cw == 1) your_turn();
-    auto item_addr = [&](int i) { return b.sbase + kWsOffSlot + static_cast<uint32_t>(i % kWsSlots) * kKvTile; };
+    auto item_addr = [&](int i) { return b.sbase + kWsOffSlot + static_cast<uint32_t>(i % kWsSlots) * L::kKvTile; };
     // Waits for item i filled (the caller then orders the copies before its
     // wgmma reads: fence.proxy.async).
     auto wait_full = [&](int i) {
@@ -945,7 +1037,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) prefill_wgmma_ws_kernel(PagedAt
       if (cw == 0) your_turn();
       w.wait_pv();
     }
-    w.template store<kKvF8>(a, b, wrow);
+    w.template store<kKv8 != 0>(a, b, wrow);
   }
 #else
   (void)a;
@@ -966,16 +1058,50 @@ bool prefill_wgmma_available() {
 
 bool prefill_wgmma_supports(const PagedAttentionArgs& a) {
   // K/V rows (slot x KV head) are indexed with an int.
-  return prefill_attention_supported(a) && (a.kv_dtype == a.act || a.kv_dtype == DType::kF8E4M3) && a.hd == kHd &&
-         a.window == 0 && a.scale > 0.0f && aligned16(a.out) &&
+  const bool i8 = a.kv_dtype == DType::kI8 && a.k_row_scales != nullptr && a.v_row_scales != nullptr;
+  return prefill_attention_supported(a) && (a.kv_dtype == a.act || a.kv_dtype == DType::kF8E4M3 || i8) &&
+         (a.hd == 128 || a.hd == 64) && a.window == 0 && a.scale > 0.0f && aligned16(a.out) &&
          int64_t{a.num_blocks} * a.block_size * a.hk < int64_t{INT_MAX};
 }
 
 bool prefill_wgmma_supports(const PagedAttentionArgs& a, int variant) {
   if (variant == 0) variant = kPrefillWgmmaDefaultVariant;
+  const bool ws = variant == 2 || variant == 3;  // the warp-specialised kernel
   return variant > 0 && variant < kNumPrefillWgmmaVariants && prefill_wgmma_supports(a) &&
-         (a.kv_dtype == a.act || variant == 2 || variant == 3);
+         (a.kv_dtype == a.act || ws) && (a.hd == 128 || ws);
 }
+
+namespace {
+
+// The warp-specialised kernel for a's head_dim and dtypes (variant 2, or 3
+// with kPingpong).
+template <bool kPingpong, int kHd>
+void (*ws_kernel_hd(const PagedAttentionArgs& a))(PagedAttentionArgs, int) {
+  const bool f16 = a.act == DType::kF16;
+  if (a.kv_dtype == DType::kF8E4M3) {
+    return f16 ? prefill_wgmma_ws_kernel<true, kPingpong, 1, kHd> : prefill_wgmma_ws_kernel<false, kPingpong, 1, kHd>;
+  }
+  if (a.kv_dtype == DType::kI8) {
+    return f16 ? prefill_wgmma_ws_kernel<true, kPingpong, 2, kHd> : prefill_wgmma_ws_kernel<false, kPingpong, 2, kHd>;
+  }
+  return f16 ? prefill_wgmma_ws_kernel<true, kPingpong, 0, kHd> : prefill_wgmma_ws_kernel<false, kPingpong, 0, kHd>;
+}
+template <bool kPingpong>
+void (*ws_kernel(const PagedAttentionArgs& a))(PagedAttentionArgs, int) {
+  return a.hd == 64 ? ws_kernel_hd<kPingpong, 64>(a) : ws_kernel_hd<kPingpong, 128>(a);
+}
+
+template <int kHd>
+uint32_t ws_smem_bytes_hd(const PagedAttentionArgs& a) {
+  if (a.kv_dtype == DType::kF8E4M3) return WsLayout<1, kHd>::kSmemBytes;
+  if (a.kv_dtype == DType::kI8) return WsLayout<2, kHd>::kSmemBytes;
+  return WsLayout<0, kHd>::kSmemBytes;
+}
+uint32_t ws_smem_bytes(const PagedAttentionArgs& a) {
+  return a.hd == 64 ? ws_smem_bytes_hd<64>(a) : ws_smem_bytes_hd<128>(a);
+}
+
+}  // namespace
 
 void launch_prefill_attention_wgmma(const PagedAttentionArgs& a, cudaStream_t stream, int variant) {
   OSP_CHECK(prefill_wgmma_supports(a, variant));
@@ -987,20 +1113,14 @@ void launch_prefill_attention_wgmma(const PagedAttentionArgs& a, cudaStream_t st
   const int64_t blocks = static_cast<int64_t>(a.num_seqs) * tiles * a.hk;
   OSP_CHECK_LE(blocks, int64_t{2147483647});
   const bool f16 = a.act == DType::kF16;
-  auto kernel = f16 ? prefill_wgmma_kernel<true, false> : prefill_wgmma_kernel<false, false>;
-  if (variant == 4) kernel = f16 ? prefill_wgmma_kernel<true, true> : prefill_wgmma_kernel<false, true>;
-  if (variant == 2) kernel = f16 ? prefill_wgmma_ws_kernel<true, false> : prefill_wgmma_ws_kernel<false, false>;
-  if (variant == 3) kernel = f16 ? prefill_wgmma_ws_kernel<true, true> : prefill_wgmma_ws_kernel<false, true>;
-  const bool f8 = a.kv_dtype == DType::kF8E4M3;
-  if (f8 && variant == 2) {
-    kernel = f16 ? prefill_wgmma_ws_kernel<true, false, true> : prefill_wgmma_ws_kernel<false, false, true>;
-  }
-  if (f8 && variant == 3) {
-    kernel = f16 ? prefill_wgmma_ws_kernel<true, true, true> : prefill_wgmma_ws_kernel<false, true, true>;
-  }
   const bool ws = variant == 2 || variant == 3;
+  void (*kernel)(PagedAttentionArgs, int) = nullptr;
+  if (variant == 1) kernel = f16 ? prefill_wgmma_kernel<true, false> : prefill_wgmma_kernel<false, false>;
+  if (variant == 4) kernel = f16 ? prefill_wgmma_kernel<true, true> : prefill_wgmma_kernel<false, true>;
+  if (variant == 2) kernel = ws_kernel<false>(a);
+  if (variant == 3) kernel = ws_kernel<true>(a);
   const int threads = ws ? kWsThreads : kThreads;
-  const uint32_t smem = !ws ? kSmemBytes : f8 ? WsLayout<true>::kSmemBytes : WsLayout<false>::kSmemBytes;
+  const uint32_t smem = ws ? ws_smem_bytes(a) : kSmemBytes;
   set_max_dynamic_smem_once(kernel, smem);
   kernel<<<static_cast<unsigned>(blocks), threads, smem, stream>>>(a, static_cast<int>(tiles));
   OSP_CUDA_CHECK_LAUNCH();

@@ -1,6 +1,7 @@
 // Inline-PTX wrappers for the Hopper (sm_90a) warpgroup MMA used by the
 // prefill attention kernels of prefill_wgmma.cu: shared-memory matrix
-// descriptors, wgmma.mma_async m64n128k16 with fp32 accumulators (A from
+// descriptors, wgmma.mma_async m64n128k16 (and m64n64k16 for P V at head_dim
+// 64) with fp32 accumulators (A from
 // shared memory or from registers), the fence / commit / wait steps, and
 // the mbarrier and setmaxnreg steps of the warp-specialised kernel.
 // Only usable in device code compiled for sm_90a (OSP_WGMMA_DEVICE below);
@@ -90,6 +91,16 @@ __device__ __forceinline__ void fence_proxy_async_shared() {
       "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), \
       "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
 
+#define OSP_WGMMA_D32                                                                \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "           \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+
+#define OSP_WGMMA_D32_OPS(d)                                                                                  \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), \
+      "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),  \
+      "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), \
+      "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+
 // d[64 x 128] (+)= A[64 x 16] B[16 x 128], fp32 accumulators in the
 // m64nNk16 layout (thread of warp w, lane l: d[4 j + e] is row 16 w + l / 4
 // + 8 (e / 2), column 8 j + 2 (l % 4) + e % 2). A (K-major) and B (K-major,
@@ -119,26 +130,42 @@ __device__ __forceinline__ void mma_ss(float (&d)[64], uint64_t desc_a, uint64_t
 #endif
 }
 
-// d[64 x 128] += A[64 x 16] B[16 x 128]: A from registers (the m16n8k16
-// A-fragment layout per warp: a[0] row l / 4, columns 2 (l % 4) + {0, 1};
-// a[1] the same 8 rows down; a[2], a[3] those 8 columns right), B
+// d[64 x kN] += A[64 x 16] B[16 x kN] (kN 128 or 64: d holds kN / 2
+// accumulators per thread, the layout of mma_ss): A from registers (the
+// m16n8k16 A-fragment layout per warp: a[0] row l / 4, columns 2 (l % 4) +
+// {0, 1}; a[1] the same 8 rows down; a[2], a[3] those 8 columns right), B
 // MN-major (B stored k by k, 128-byte rows along N; transpose bit set).
-template <bool kF16>
-__device__ __forceinline__ void mma_rs_tb(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b) {
+template <bool kF16, int kN>
+__device__ __forceinline__ void mma_rs_tb(float (&d)[kN / 2], const uint32_t (&a)[4], uint64_t desc_b) {
+  static_assert(kN == 128 || kN == 64, "m64n128k16 or m64n64k16");
 #if OSP_WGMMA_DEVICE
-  if constexpr (kF16) {
+  if constexpr (kN == 128 && kF16) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {" OSP_WGMMA_D64
         "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
         : OSP_WGMMA_D64_OPS(d)
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
-  } else {
+  } else if constexpr (kN == 128) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" OSP_WGMMA_D64
         "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
         : OSP_WGMMA_D64_OPS(d)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+  } else if constexpr (kF16) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {" OSP_WGMMA_D32
+        "}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+        : OSP_WGMMA_D32_OPS(d)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" OSP_WGMMA_D32
+        "}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+        : OSP_WGMMA_D32_OPS(d)
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
   }
 #else
@@ -150,6 +177,8 @@ __device__ __forceinline__ void mma_rs_tb(float (&d)[64], const uint32_t (&a)[4]
 
 #undef OSP_WGMMA_D64
 #undef OSP_WGMMA_D64_OPS
+#undef OSP_WGMMA_D32
+#undef OSP_WGMMA_D32_OPS
 
 // Shared-memory mbarriers (CTA scope; addr: shared-space byte address of an
 // 8-byte aligned uint64_t), for the warp-specialised kernel's stage ring.
