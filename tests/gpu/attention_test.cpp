@@ -606,7 +606,8 @@ void one_byte_decode_sweep(ops::Backend& gpu, ops::Backend& cpu, PageCheck check
 }
 
 // Prompts, chunked prefill over earlier pages, and mixed steps (decode rows
-// first, as the engine orders them) with 16-bit q: every mma.sync prefill
+// first, as the engine orders them), with and without sliding windows, with
+// 16-bit q: every mma.sync prefill
 // block shape the default choice reaches (short, few-wave and many-wave
 // prompts) and, on Hopper, the wgmma kernel (its warp-specialised default,
 // which takes F8_E4M3 and I8 pages at head_dim 64 and 128) for the
@@ -618,6 +619,8 @@ void one_byte_prefill_sweep(ops::Backend& gpu, ops::Backend& cpu, PageCheck chec
       check(gpu, cpu, act, c, kMixed, 9, seed += 7);
       check(gpu, cpu, act, c, {{1, 300}, {1, 47}, {64, 1000}, {200, 200}}, 0, seed += 7);
       check(gpu, cpu, act, c, {{700, 700}}, 0, seed += 7);
+      check(gpu, cpu, act, c, {{700, 700}}, 300, seed += 7);                // a window, prompt-heavy
+      check(gpu, cpu, act, c, {{300, 1024}, {200, 300}}, 100, seed += 7);  // chunks after earlier pages
       check(gpu, cpu, act, c, {{2048, 2048}}, 0, seed += 7);
       check(gpu, cpu, act, c, {{512, 512}, {512, 1024}, {300, 512}, {512, 600}, {1, 5}}, 0, seed += 7);
     }

@@ -422,22 +422,24 @@ TEST_F(PrefillAttention, LongPromptsAndChunksF16) {
 
 // Row and key tiles of 128 (the wgmma kernel's): prompts and chunks ending
 // just before, on and after tile boundaries, single rows after 127 and 128
-// earlier keys, G = 1 / 3 / 4 / 8, head_dim 128 and 64; the wgmma kernel
-// (where it runs: on an sm_90 device, head_dim 64 in variants 2 and 3 only)
-// and the op.
+// earlier keys, G = 1 / 3 / 4 / 8, head_dim 128 and 64, sliding windows
+// shorter and longer than a tile; the wgmma kernel (where it runs: on an
+// sm_90 device, head_dim 64 and windows in variants 2 and 3 only) and the
+// op.
 TEST_F(PrefillAttention, WgmmaTileBoundaries) {
   const std::vector<Seq> seqs = {{127, 0}, {128, 0},  {129, 0}, {1, 127},   {1, 128}, {31, 97},
                                  {32, 96}, {33, 224}, {255, 1}, {257, 255}, {2, 0}};
   uint32_t seed = 400;
   for (DType dt : {DType::kBF16, DType::kF16}) {
     for (Heads h : {Heads{8, 8, 128, 0}, Heads{32, 8, 128, 0}, Heads{8, 1, 128, 0}, Heads{32, 8, 64, 0},
-                    Heads{9, 3, 64, 0}, Heads{8, 1, 64, 0}}) {
+                    Heads{9, 3, 64, 0}, Heads{8, 1, 64, 0}, Heads{32, 8, 128, 100}, Heads{8, 8, 128, 128},
+                    Heads{9, 3, 64, 129}, Heads{8, 1, 64, 200}}) {
       Problem pb(gpu(), h, seqs, 16, seed += 5, 0.0f, dt);
       if (cuda::prefill_wgmma_available()) {
-        const bool hd64 = h.hd == 64;
+        const bool ws_only = h.hd == 64 || h.window > 0;
         EXPECT_TRUE(pb.runs(kWgmma - 1) && pb.runs(kWgmma - 2)) << tag(h, 16, kWgmma - 2);
-        EXPECT_EQ(pb.runs(kWgmma), !hd64) << tag(h, 16, kWgmma);
-        EXPECT_EQ(pb.runs(kWgmma - 3), !hd64) << tag(h, 16, kWgmma - 3);
+        EXPECT_EQ(pb.runs(kWgmma), !ws_only) << tag(h, 16, kWgmma);
+        EXPECT_EQ(pb.runs(kWgmma - 3), !ws_only) << tag(h, 16, kWgmma - 3);
       }
       for (int variant = kWgmmaLast; variant <= -2; ++variant) {
         if (!pb.runs(variant)) continue;
@@ -450,9 +452,9 @@ TEST_F(PrefillAttention, WgmmaTileBoundaries) {
 }
 
 // Which wgmma variants take which pages and heads: 16-bit pages in every
-// variant at head_dim 128; head_dim 64, F8_E4M3 pages and I8 pages (with
-// their row scales) only in the warp-specialised variants 2 and 3; never
-// a sliding window, other head_dims, or I8 pages without row scales.
+// variant at head_dim 128; head_dim 64, sliding windows, F8_E4M3 pages and
+// I8 pages (with their row scales) only in the warp-specialised variants 2
+// and 3; never other head_dims, or I8 pages without row scales.
 // (The I8 variants' numbers are checked through the op by AttentionTest's
 // I8PagesPrefillAndMixedSteps, whose prompt-heavy steps take them.)
 TEST_F(PrefillAttention, WgmmaVariantsCoverShapes) {
@@ -476,7 +478,8 @@ TEST_F(PrefillAttention, WgmmaVariantsCoverShapes) {
     EXPECT_EQ(covers(128, DType::kI8, variant), ws) << v;
     EXPECT_EQ(covers(64, DType::kI8, variant), ws) << v;
     EXPECT_FALSE(covers(128, DType::kI8, variant, 0, false)) << v << ": I8 pages without row scales";
-    EXPECT_FALSE(covers(128, DType::kBF16, variant, 512)) << v << ": window";
+    EXPECT_EQ(covers(128, DType::kBF16, variant, 512), ws) << v << ": window";
+    EXPECT_EQ(covers(64, DType::kI8, variant, 4096), ws) << v << ": window";
     EXPECT_FALSE(covers(96, DType::kBF16, variant)) << v << ": head_dim 96";
     EXPECT_FALSE(covers(256, DType::kBF16, variant)) << v << ": head_dim 256";
   }
@@ -487,8 +490,8 @@ TEST_F(PrefillAttention, WgmmaVariantsCoverShapes) {
 // on an sm_90 device they must), the op and the mma.sync kernel's automatic
 // choice, against float64 over the values the codes stand for; tile
 // boundaries, prompts after earlier pages, a decode row in a prefill step,
-// G = 1 / 3 / 4 / 8, head_dim 128 and 64, page sizes 16 and 24, both
-// 16-bit types; and pages of subnormal codes only.
+// G = 1 / 3 / 4 / 8, head_dim 128 and 64, sliding windows, page sizes 16
+// and 24, both 16-bit types; and pages of subnormal codes only.
 TEST_F(PrefillAttention, F8PagesWgmmaMatchFloat64) {
   const std::vector<Seq> bounds = {{127, 0}, {128, 0},  {129, 0}, {1, 127},   {1, 128}, {31, 97},
                                    {32, 96}, {33, 224}, {255, 1}, {257, 255}, {2, 0}};
@@ -512,6 +515,8 @@ TEST_F(PrefillAttention, F8PagesWgmmaMatchFloat64) {
       {{9, 3, 64, 0}, &mixed, 24},
       {{32, 8, 64, 0}, &long_prompt, 16},
       {{32, 8, 64, 0}, &mixed, 16, F8Pages::kSubnormal},
+      {{32, 8, 128, 200}, &mixed, 16},  // sliding windows
+      {{9, 3, 64, 77}, &bounds, 24},
   };
   uint32_t seed = 900;
   for (DType dt : {DType::kBF16, DType::kF16}) {
@@ -666,18 +671,22 @@ TEST_F(PrefillAttention, QkvRopeKvWriteBothKernelsMatchCpu) {
 // pages of 16 in shuffled order: BF16 for every block shape (0 = the
 // automatic choice) in both block orders ("mmaN" longest-first, "mmaN-ph"
 // per KV head) and the wmma kernel; F16 for the automatic choice. Median of
-// 15 event-timed launches after 3 warm-ups. OSPREY_BENCH_HEADS=hq,hk,hd
-// picks other heads (e.g. 32,8,64: Llama-3.2-1B; 9,3,64: SmolLM2).
+// 15 event-timed launches after 3 warm-ups. OSPREY_BENCH_HEADS=hq,hk,hd[,window]
+// picks other heads (e.g. 32,8,64: Llama-3.2-1B; 9,3,64: SmolLM2;
+// 32,8,128,4096: Mistral-7B v0.1's sliding window).
 TEST_F(PrefillAttention, DISABLED_PrefillAttentionBench) {
   cudaDeviceProp prop{};
   ASSERT_EQ(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
   Heads heads{32, 8, 128, 0};
   if (const char* v = std::getenv("OSPREY_BENCH_HEADS")) {
-    ASSERT_EQ(std::sscanf(v, "%d,%d,%d", &heads.hq, &heads.hk, &heads.hd), 3) << "OSPREY_BENCH_HEADS=hq,hk,hd";
-    ASSERT_TRUE(heads.hk > 0 && heads.hq % heads.hk == 0 && (heads.hd == 64 || heads.hd == 128)) << v;
+    const int n = std::sscanf(v, "%d,%d,%d,%d", &heads.hq, &heads.hk, &heads.hd, &heads.window);
+    ASSERT_TRUE(n == 3 || n == 4) << "OSPREY_BENCH_HEADS=hq,hk,hd[,window]";
+    ASSERT_TRUE(heads.hk > 0 && heads.hq % heads.hk == 0 && (heads.hd == 64 || heads.hd == 128) &&
+                heads.window >= 0)
+        << v;
   }
-  std::printf("prefill attention bench on %s: causal, hq %d, hk %d, hd %d, pages of 16\n", prop.name, heads.hq,
-              heads.hk, heads.hd);
+  std::printf("prefill attention bench on %s: causal, hq %d, hk %d, hd %d, window %d, pages of 16\n", prop.name,
+              heads.hq, heads.hk, heads.hd, heads.window);
   std::printf("%-10s %-7s %-10s %10s %10s\n", "tokens", "dtype", "kernel", "ms", "TFLOP/s");
   cudaEvent_t e0, e1;
   ASSERT_EQ(cudaEventCreate(&e0), cudaSuccess);

@@ -1,7 +1,8 @@
 // Paged prefill attention on Hopper warpgroup MMA (wgmma, sm_90a): 16-bit q,
 // out and pages of one type T (BF16 or F16), or F8_E4M3 pages (variants 2
-// and 3: widened to T in shared memory), head_dim 128 (every variant) or 64
-// (the warp-specialised variants 2 and 3), no sliding window; the same
+// and 3: widened to T in shared memory; or I8, with their row scales),
+// head_dim 128 (every variant) or 64, sliding windows (64, one-byte pages
+// and windows: the warp-specialised variants 2 and 3 only); the same
 // function as prefill_attention_mma.cu (FlashAttention-2
 // arithmetic: fp32 scores and accumulators, online softmax in exp2 with the
 // scale folded in, P rounded to T for P V).
@@ -35,7 +36,11 @@
 //
 // Row r sees keys [0, min(pos + 1, kv_len)), pos = positions[token]:
 // causal by position, so earlier pages (prefix cache, earlier chunks) and
-// variable lengths need nothing else; rows without keys get 0. Blocks are
+// variable lengths need nothing else; rows without keys get 0. Under a
+// sliding window (variants 2 and 3) row r's keys start at
+// max(0, pos - window + 1): the block's key tiles start at the tile of its
+// rows' smallest first key, and tiles that start before a row's first key
+// are masked for it as tiles past its end are. Blocks are
 // issued longest-first (the last row tile of every sequence and KV head
 // before any shorter one), as in the mma.sync kernel.
 //
@@ -197,18 +202,40 @@ __device__ __forceinline__ int row_key_bound(const PagedAttentionArgs& a, const 
   return max(0, min(a.positions[b.rows.q_begin + grow / b.rows.group] + 1, b.kv_len));
 }
 
+// First key of block row r under a sliding window (a.window > 0): row r
+// sees keys from max(0, pos - window + 1); 0 without a window; INT_MAX for
+// a row past the sequence (it sees none, and must not lower the block's
+// first key tile).
+__device__ __forceinline__ int row_key_lo(const PagedAttentionArgs& a, const WgBlock& b, int r) {
+  const int grow = b.rows.row0 + r;
+  if (grow >= b.rows.total_rows) return INT_MAX;
+  if (a.window <= 0) return 0;
+  return max(0, a.positions[b.rows.q_begin + grow / b.rows.group] - a.window + 1);
+}
+
 // Key bounds hi of this thread's block rows wrow + g and wrow + g + 8
 // (row_key_bound): 0 for threads without rows (!has_rows: the copying
 // warps). The warp's largest goes to warp_hi[warp]; after a barrier,
-// block_key_bound gives the block's largest, hence its key tiles.
+// block_key_bound gives the block's largest, hence its key tiles. With
+// warp_lo (the warp-specialised kernel, which takes sliding windows): lo,
+// the rows' first keys (row_key_lo; INT_MAX without rows), and the warp's
+// smallest in warp_lo[warp] (block_key_lo).
 __device__ __forceinline__ void key_bounds(const PagedAttentionArgs& a, const WgBlock& b, int wrow, bool has_rows,
-                                           int (&hi)[2], int* warp_hi) {
+                                           int (&hi)[2], int* warp_hi, int (&lo)[2], int* warp_lo) {
   hi[0] = has_rows ? row_key_bound(a, b, wrow + b.g) : 0;
   hi[1] = has_rows ? row_key_bound(a, b, wrow + b.g + 8) : 0;
   int whi = max(hi[0], hi[1]);
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) whi = max(whi, __shfl_xor_sync(0xffffffffu, whi, o));
   if (b.lane == 0) warp_hi[b.warp] = whi;
+  lo[0] = lo[1] = 0;
+  if (warp_lo == nullptr) return;
+  lo[0] = has_rows ? row_key_lo(a, b, wrow + b.g) : INT_MAX;
+  lo[1] = has_rows ? row_key_lo(a, b, wrow + b.g + 8) : INT_MAX;
+  int wlo = min(lo[0], lo[1]);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) wlo = min(wlo, __shfl_xor_sync(0xffffffffu, wlo, o));
+  if (b.lane == 0) warp_lo[b.warp] = wlo;
 }
 template <int kWarps>
 __device__ __forceinline__ int block_key_bound(const int* warp_hi) {
@@ -216,6 +243,13 @@ __device__ __forceinline__ int block_key_bound(const int* warp_hi) {
 #pragma unroll
   for (int w = 0; w < kWarps; ++w) tile_hi = max(tile_hi, warp_hi[w]);
   return tile_hi;
+}
+template <int kWarps>
+__device__ __forceinline__ int block_key_lo(const int* warp_lo) {
+  int key_lo = INT_MAX;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) key_lo = min(key_lo, warp_lo[w]);
+  return key_lo;
 }
 
 // The K and V pages of one sequence and KV head, through its page table
@@ -317,17 +351,24 @@ struct WgRows {
   float alpha[2];        // the factor O is scaled by after this tile's softmax
   int hi[2];             // key bounds of rows g and g + 8
   int hi_min;            // min(hi[0], hi[1])
+  int lo[2];             // first keys of rows g and g + 8 (sliding window; else 0)
+  int lo_max;            // max(lo[0], lo[1])
   float scale2;          // scale log2(e)
   uint32_t q_addr;       // shared-space address of the warpgroup's first Q row
 
-  // Zeroes o, s, pa and l, sets m to -inf. row_hi: key bounds
-  // (key_bounds); rows64: which 64 rows of the Q tile at sbase + kOffQ.
+  // Zeroes o, s, pa and l, sets m to -inf. row_hi, row_lo: key bounds
+  // and first keys (key_bounds); rows64: which 64 rows of the Q tile at
+  // sbase + kOffQ.
   __device__ __forceinline__ WgRows(float (&o_)[kO], float (&s_)[64], uint32_t (&pa_)[8][4], float (&m_)[2],
-                                    float (&l_)[2], const int (&row_hi)[2], float scale, uint32_t sbase, int rows64)
+                                    float (&l_)[2], const int (&row_hi)[2], const int (&row_lo)[2], float scale,
+                                    uint32_t sbase, int rows64)
       : o(o_), s(s_), pa(pa_), m(m_), l(l_) {
     hi[0] = row_hi[0];
     hi[1] = row_hi[1];
     hi_min = min(row_hi[0], row_hi[1]);
+    lo[0] = row_lo[0];
+    lo[1] = row_lo[1];
+    lo_max = max(row_lo[0], row_lo[1]);
 #pragma unroll
     for (int i = 0; i < kO; ++i) o[i] = 0.0f;
 #pragma unroll
@@ -389,8 +430,9 @@ struct WgRows {
 
   // S_t (keys kb .. kb + 127 of rows g and g + 8; t4: the accumulator
   // column pair) through the online softmax in the log2 domain: masked
-  // where the tile runs past a row's end, m and l updated, S overwritten
-  // with P = exp2(S scale2 - m), alpha set.
+  // where the tile runs past a row's end or (sliding window) starts before
+  // its first key, m and l updated, S overwritten with P = exp2(S scale2 -
+  // m), alpha set.
   __device__ __forceinline__ void softmax(int kb, int t4) {
     if (kb + kN > hi_min) {
 #pragma unroll
@@ -399,6 +441,16 @@ struct WgRows {
         for (int e = 0; e < 4; ++e) {
           const int col = kb + j * 8 + t4 * 2 + (e & 1);
           if (col >= hi[e >> 1]) s[4 * j + e] = -INFINITY;
+        }
+      }
+    }
+    if (kb < lo_max) {
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int col = kb + j * 8 + t4 * 2 + (e & 1);
+          if (col < lo[e >> 1]) s[4 * j + e] = -INFINITY;
         }
       }
     }
@@ -532,8 +584,8 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_wgmma_kernel(PagedAttenti
 
   // q -> sQ; completes with K_0's group.
   load_q<T, kHd, kThreads>(a, b);
-  int hi[2];
-  key_bounds(a, b, wrow, true, hi, sHi);
+  int hi[2], lo[2];
+  key_bounds(a, b, wrow, true, hi, sHi, lo, nullptr);
 
   const KvPages<T> kv(a, b.seq, b.kvh);
   __syncthreads();  // sHi
@@ -576,7 +628,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_wgmma_kernel(PagedAttenti
   float s[64];
   uint32_t pa[8][4];
   float m[2], l[2];
-  WgRows<kF16, kHd> w(o, s, pa, m, l, hi, a.scale, b.sbase, wg);
+  WgRows<kF16, kHd> w(o, s, pa, m, l, hi, lo, a.scale, b.sbase, wg);
   auto v_addr = [&](int t) { return b.sbase + kOffV + static_cast<uint32_t>(t & 1) * kKvTile; };
 
   // One key tile; first (t == 0): no P V to issue yet. (Peeled rather than
@@ -696,7 +748,8 @@ struct WsLayout {
   // uint64_t full[kSlots], empty[kSlots]
   static constexpr uint32_t kOffBar = kOffScale + (kKv8 == 2 ? kStages * kN * 4 : 0);
   static constexpr uint32_t kOffHi = kOffBar + 2 * kSlots * 8;  // int [12]: per-warp largest key bound
-  static constexpr uint32_t kSmemBytes = kOffHi + (kWsThreads / 32) * 4 + 1024;
+  static constexpr uint32_t kOffLo = kOffHi + (kWsThreads / 32) * 4;  // int [12]: per-warp smallest first key
+  static constexpr uint32_t kSmemBytes = kOffLo + (kWsThreads / 32) * 4 + 1024;
   static_assert(kOffSlot % 1024 == 0 && kKvTile % 1024 == 0, "swizzle atoms on 1024-byte boundaries");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per block");
 };
@@ -718,8 +771,8 @@ struct WsLayout {
 // computing threads order those writes before their wgmma reads with
 // fence.proxy.async after their wait.
 template <class T, int kHd>
-__device__ __forceinline__ void copy_kv_items(const PagedAttentionArgs& a, const WgBlock& b, int tile_hi, int nt,
-                                              uint32_t full_bar, uint32_t empty_bar) {
+__device__ __forceinline__ void copy_kv_items(const PagedAttentionArgs& a, const WgBlock& b, int key0, int tile_hi,
+                                              int nt, uint32_t full_bar, uint32_t empty_bar) {
   using L = WsLayout<0, kHd>;
   constexpr int kWsSlots = L::kSlots;
   constexpr uint32_t kWsOffSlot = L::kOffSlot;
@@ -744,7 +797,7 @@ __device__ __forceinline__ void copy_kv_items(const PagedAttentionArgs& a, const
         // In two halves (of 8 keys at head_dim 128: 16 entries at once do
         // not fit the copying warpgroup's registers). Before the wait for
         // the slot, so that the page table's latency overlaps it.
-        const int kb = static_cast<int>(i >> 1) * kN + j0;
+        const int kb = key0 + static_cast<int>(i >> 1) * kN + j0;
         kv.template rows_of<kKeys / 2, kPow2>(kb, kStep, tile_hi, rows);
         kv.template rows_of<kKeys / 2, kPow2>(kb + kN / 2, kStep, tile_hi, rows + kKeys / 2);
       }
@@ -823,8 +876,8 @@ __device__ __forceinline__ void widen_i8x16(const uint4& w, float sc, uint4& lo,
 // item (K scales for K items, V for V) into the item's scale half; the
 // lanes of a key (the same warp) read them after a __syncwarp.
 template <bool kF16, int kHd, int kKv8>
-__device__ __forceinline__ void copy_kv_items_8(const PagedAttentionArgs& a, const WgBlock& b, int tile_hi, int nt,
-                                                uint32_t full_bar, uint32_t empty_bar) {
+__device__ __forceinline__ void copy_kv_items_8(const PagedAttentionArgs& a, const WgBlock& b, int key0, int tile_hi,
+                                                int nt, uint32_t full_bar, uint32_t empty_bar) {
   using L = WsLayout<kKv8, kHd>;
   constexpr bool kI8 = kKv8 == 2;
   constexpr int kStages = L::kStages;
@@ -854,7 +907,7 @@ __device__ __forceinline__ void copy_kv_items_8(const PagedAttentionArgs& a, con
     auto issue = [&](uint32_t i) {
       if (i < items) {
         if ((i & 1) == 0) {
-          kv.template rows_of<kKeys, kPow2>(static_cast<int>(i >> 1) * kN + j0, kStep, tile_hi, rows,
+          kv.template rows_of<kKeys, kPow2>(key0 + static_cast<int>(i >> 1) * kN + j0, kStep, tile_hi, rows,
                                             kI8 ? srows : nullptr);
         }
         const char* chunk_base = (i & 1) ? chunk_v : chunk_k;
@@ -929,10 +982,12 @@ __global__ void __launch_bounds__(kWsThreads, 1) prefill_wgmma_ws_kernel(PagedAt
   constexpr uint32_t kWsOffSlot = L::kOffSlot;
   constexpr uint32_t kWsOffBar = L::kOffBar;
   constexpr uint32_t kWsOffHi = L::kOffHi;
+  constexpr uint32_t kWsOffLo = L::kOffLo;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   WgBlock b;
   if (!wg_block(a, tiles_per_seq, smem_raw, b)) return;
   int* sHi = reinterpret_cast<int*>(b.smem + kWsOffHi);
+  int* sLo = reinterpret_cast<int*>(b.smem + kWsOffLo);
   const uint32_t full_bar = b.sbase + kWsOffBar;                  // + 8 s: slot s filled
   const uint32_t empty_bar = b.sbase + kWsOffBar + kWsSlots * 8;  // + 8 s: slot s read
   const int tid = b.tid;
@@ -942,8 +997,8 @@ __global__ void __launch_bounds__(kWsThreads, 1) prefill_wgmma_ws_kernel(PagedAt
   // q -> sQ by all threads.
   load_q<T, kHd, kWsThreads>(a, b);
   cp_async_commit();
-  int hi[2];
-  key_bounds(a, b, wrow, wg > 0, hi, sHi);
+  int hi[2], lo[2];
+  key_bounds(a, b, wrow, wg > 0, hi, sHi, lo, sLo);
   if (tid == 0) {
     for (int st = 0; st < kWsSlots; ++st) {
       wgmma::mbar_init(full_bar + 8 * st, 128);  // one arrival per copying thread
@@ -953,18 +1008,23 @@ __global__ void __launch_bounds__(kWsThreads, 1) prefill_wgmma_ws_kernel(PagedAt
   }
   cp_async_wait<0>();
   wgmma::fence_proxy_async_shared();
-  __syncthreads();  // sQ, sHi, barriers
+  __syncthreads();  // sQ, sHi, sLo, barriers
+  // Key tiles t0 .. of the sequence (t0 > 0 only under a sliding window),
+  // counted from 0 below: tile t holds keys key0 + t kN ..
   const int tile_hi = block_key_bound<kWsThreads / 32>(sHi);
-  const int nt = (tile_hi + kN - 1) / kN;
+  const int tiles_all = (tile_hi + kN - 1) / kN;
+  const int t0 = min(block_key_lo<kWsThreads / 32>(sLo) / kN, tiles_all);
+  const int key0 = t0 * kN;
+  const int nt = tiles_all - t0;
 
   // Items 0 .. 2 nt - 1 (K_0, V_0, K_1, ..) in the ring (copy_kv_items).
   if (wg == 0) {
     // Copying warpgroup (copy_kv_items).
     wgmma::regs_dec<kWsCopyRegs>();
     if constexpr (kKv8 != 0) {
-      if (nt > 0) copy_kv_items_8<kF16, kHd, kKv8>(a, b, tile_hi, nt, full_bar, empty_bar);
+      if (nt > 0) copy_kv_items_8<kF16, kHd, kKv8>(a, b, key0, tile_hi, nt, full_bar, empty_bar);
     } else {
-      copy_kv_items<T, kHd>(a, b, tile_hi, nt, full_bar, empty_bar);
+      copy_kv_items<T, kHd>(a, b, key0, tile_hi, nt, full_bar, empty_bar);
     }
     cp_async_commit();  // no copy of this thread outlives it
     cp_async_wait<0>();
@@ -974,7 +1034,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) prefill_wgmma_ws_kernel(PagedAt
     float s[64];
     uint32_t pa[8][4];
     float m[2], l[2];
-    WgRows<kF16, kHd> w(o, s, pa, m, l, hi, kKv8 != 0 ? a.scale * a.k_scale : a.scale, b.sbase, wg - 1);
+    WgRows<kF16, kHd> w(o, s, pa, m, l, hi, lo, kKv8 != 0 ? a.scale * a.k_scale : a.scale, b.sbase, wg - 1);
     // Turns (kPingpong): warpgroup cw waits on barrier 1 + cw before issuing
     // and then releases the other's; warpgroup 1 opens warpgroup 0's first
     // turn and skips its own last release, so every barrier sees as many
@@ -1012,7 +1072,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) prefill_wgmma_ws_kernel(PagedAt
       your_turn();
       w.wait_s(first);
       release(2 * t);  // K_t read
-      w.softmax(t * kN, b.t4);
+      w.softmax(key0 + t * kN, b.t4);
       // Both arms wait (WgRows::wait_rescale); V_{t-1} is handed back
       // where the copying warpgroup still needs its slot
       // (item 2 t - 1 + kWsSlots < 2 nt).
@@ -1060,7 +1120,7 @@ bool prefill_wgmma_supports(const PagedAttentionArgs& a) {
   // K/V rows (slot x KV head) are indexed with an int.
   const bool i8 = a.kv_dtype == DType::kI8 && a.k_row_scales != nullptr && a.v_row_scales != nullptr;
   return prefill_attention_supported(a) && (a.kv_dtype == a.act || a.kv_dtype == DType::kF8E4M3 || i8) &&
-         (a.hd == 128 || a.hd == 64) && a.window == 0 && a.scale > 0.0f && aligned16(a.out) &&
+         (a.hd == 128 || a.hd == 64) && a.window >= 0 && a.scale > 0.0f && aligned16(a.out) &&
          int64_t{a.num_blocks} * a.block_size * a.hk < int64_t{INT_MAX};
 }
 
@@ -1068,7 +1128,7 @@ bool prefill_wgmma_supports(const PagedAttentionArgs& a, int variant) {
   if (variant == 0) variant = kPrefillWgmmaDefaultVariant;
   const bool ws = variant == 2 || variant == 3;  // the warp-specialised kernel
   return variant > 0 && variant < kNumPrefillWgmmaVariants && prefill_wgmma_supports(a) &&
-         (a.kv_dtype == a.act || ws) && (a.hd == 128 || ws);
+         (a.kv_dtype == a.act || ws) && (a.hd == 128 || ws) && (a.window == 0 || ws);
 }
 
 namespace {

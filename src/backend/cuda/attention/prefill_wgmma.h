@@ -15,13 +15,13 @@ namespace osprey::cuda {
 bool prefill_wgmma_available();
 
 // The shapes some variant of the wgmma kernel covers:
-// prefill_attention_supported(a), BF16 or F16 q and out, pages of that type
-// or F8_E4M3, head_dim 128 or 64, no sliding window, scale > 0, out 16-byte
-// aligned. (Windows, INT8 pages and the rest stay on the mma.sync kernel.)
+// prefill_attention_supported(a), BF16 or F16 q and out, pages of that type,
+// F8_E4M3 or I8 (with row scales), head_dim 128 or 64, any sliding window,
+// scale > 0, out 16-byte aligned. (The rest stays on the mma.sync kernel.)
 bool prefill_wgmma_supports(const PagedAttentionArgs& a);
 // prefill_wgmma_supports(a) and `variant` (below; 0: the default) built for
-// a's pages and head_dim: F8_E4M3 pages and head_dim 64 only in the
-// warp-specialised variants 2 and 3.
+// a's pages, head_dim and window: one-byte pages, head_dim 64 and sliding
+// windows only in the warp-specialised variants 2 and 3.
 bool prefill_wgmma_supports(const PagedAttentionArgs& a, int variant);
 
 // Kernel variants (all compute the same function): 0 the default (3);
