@@ -712,14 +712,15 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_wgmma_kernel(PagedAttenti
 // and the kernel 20% slower.
 //
 // One-byte pages (kKv8: 1 F8_E4M3, 2 I8): the copying warpgroup gathers
-// each item's bytes (128 keys x head_dim values) with cp.async into a two-item staging
-// area, each thread into a share of its own, so no thread waits for
-// another's copies: with item i + 1 still in flight it waits for its own
-// copies of item i (cp.async.wait_group), widens them to T in registers
-// (exact in F16 and BF16) and stores them into the item's ring slot, then
-// arrives on the slot's full barrier (mbarrier.arrive, release) and issues
-// its copies of item i + 2 into the staging half it has just read. Five
-// ring slots make room for the staging area. F8: the layer's K scale goes
+// each item's bytes (128 keys x head_dim values) with cp.async into a
+// two-item staging area, each thread into a share of its own, so no thread
+// waits for another's copies: with item i + 1 still in flight it waits for
+// its own copies of item i (cp.async.wait_group), widens them to T in
+// registers (F8: exact in F16 and BF16; I8: below) and stores them into
+// the item's ring slot, then arrives on the slot's full barrier
+// (mbarrier.arrive, release) and issues its copies of item i + 2 into the
+// staging half it has just read. Five ring slots make room for the staging
+// area. F8: the layer's K scale goes
 // on the scores, its V scale on the output. I8: each key's K and V row
 // scales are staged beside its codes (4-byte cp.async by one thread a key)
 // and the widening writes q * s rounded to T, as the mma.sync kernel's I8
