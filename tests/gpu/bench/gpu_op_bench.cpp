@@ -10,7 +10,8 @@
 // kernel is the one CudaBackend picks, OSPREY_DECODE_ATTENTION=simt forces
 // the SIMT one for an A/B, or the generic one where G is not 1, 2, 4 or 8).
 // OSPREY_BENCH_KV picks the page dtype, OSPREY_BENCH_HEADS the head shape,
-// OSPREY_BENCH_PLAN_ONLY=1 skips the forced split counts.
+// OSPREY_BENCH_PLAN_ONLY=1 skips the forced split counts,
+// OSPREY_BENCH_SHAPE=BxC runs that one batch x context only.
 //
 // `gpu_op_bench gemm-small-quant` runs the same sweep on Q8_0 / Q4_0 / Q4_1
 // weights (values arbitrary: the blocks' bytes filled as F16 numbers) for n
@@ -283,6 +284,17 @@ void decode_attention_sweep(ops::Backend& be, double copy_gbs) {
     const double gbs = static_cast<double>(kv_bytes) / us / 1e3;
     std::printf("%-8d %-6d %6s %6d %10.1f %10.1f %7.1f%%\n", batch, ctx, splits, sets, us, gbs, 100.0 * gbs / copy_gbs);
   };
+  // OSPREY_BENCH_SHAPE=BxC: that one shape, with the plan's splits only
+  // (e.g. one kernel launch to profile under ncu).
+  if (const char* one = std::getenv("OSPREY_BENCH_SHAPE")) {
+    int batch = 0, ctx = 0;
+    if (std::sscanf(one, "%dx%d", &batch, &ctx) != 2 || batch < 1 || ctx < 1) {
+      std::fprintf(stderr, "OSPREY_BENCH_SHAPE=%s: want BATCHxCONTEXT\n", one);
+      std::exit(2);
+    }
+    report(be, batch, ctx, "plan");
+    return;
+  }
   for (auto [batch, ctx] : shapes) report(be, batch, ctx, "plan");
   if (kernel != "default" || std::getenv("OSPREY_BENCH_PLAN_ONLY") != nullptr) return;
   for (int splits : {1, 2, 3, 4, 8, 16, 32, 64}) {
