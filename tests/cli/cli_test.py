@@ -7,19 +7,17 @@ Standard library only. Usage: cli_test.py OSPREY_BINARY
 """
 import json
 import os
-import subprocess
 import sys
 import tempfile
 
-from checks import check, finish
+from checks import check, finish, run_command
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 OSPREY = sys.argv[1]
 
 
 def run(args, stdin=None):
-    p = subprocess.run([OSPREY] + args, input=stdin, capture_output=True, timeout=120)
-    return p.returncode, p.stdout.decode("utf-8", "surrogateescape"), p.stderr.decode("utf-8", "replace")
+    return run_command([OSPREY] + args, stdin=stdin, timeout=120, out_errors="surrogateescape")
 
 
 ref = json.load(open(os.path.join(ROOT, "tests/model/default_reference.json")))

@@ -6,11 +6,10 @@ and a clear exit on a file that is not such a page. Standard library only.
 Usage: ncu_sass_test.py REPO_ROOT
 """
 import os
-import subprocess
 import sys
 import tempfile
 
-from checks import check, finish
+from checks import check, finish, run_command
 
 TOOL = os.path.join(sys.argv[1], "bench", "gpu", "ncu_sass.py")
 
@@ -36,8 +35,7 @@ def page():
 
 
 def run(path, *args):
-    p = subprocess.run([sys.executable, TOOL, path] + list(args), capture_output=True, timeout=60)
-    return p.returncode, p.stdout.decode(), p.stderr.decode()
+    return run_command([sys.executable, TOOL, path, *args])
 
 
 with tempfile.TemporaryDirectory() as d:

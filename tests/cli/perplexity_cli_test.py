@@ -9,11 +9,10 @@ Usage: perplexity_cli_test.py OSPREY_BINARY
 import json
 import math
 import os
-import subprocess
 import sys
 import tempfile
 
-from checks import check, finish
+from checks import check, finish, run_command
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 OSPREY = sys.argv[1]
@@ -22,8 +21,7 @@ ref = json.load(open(os.path.join(ROOT, "tests/model/perplexity_reference.json")
 
 
 def run(args):
-    p = subprocess.run([OSPREY, "perplexity"] + args, capture_output=True, timeout=300)
-    return p.returncode, p.stdout.decode("utf-8", "replace"), p.stderr.decode("utf-8", "replace")
+    return run_command([OSPREY, "perplexity"] + args, timeout=300)
 
 
 def ppl_args(*extra):

@@ -5,18 +5,16 @@ model file (bundled configurations). Usage: plan_cli_test.py OSPREY_BINARY
 """
 import json
 import os
-import subprocess
 import sys
 import tempfile
 
-from checks import check, finish
+from checks import check, finish, run_command
 
 OSPREY = sys.argv[1]
 
 
 def run(args):
-    p = subprocess.run([OSPREY, "plan"] + args, capture_output=True, timeout=60)
-    return p.returncode, p.stdout.decode(), p.stderr.decode()
+    return run_command([OSPREY, "plan"] + args)
 
 
 # Text report.

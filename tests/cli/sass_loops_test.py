@@ -8,11 +8,10 @@ matches none. Standard library only.
 Usage: sass_loops_test.py REPO_ROOT
 """
 import os
-import subprocess
 import sys
 import tempfile
 
-from checks import check, finish
+from checks import check, finish, run_command
 
 TOOL = os.path.join(sys.argv[1], "bench", "gpu", "sass_loops.py")
 
@@ -52,8 +51,7 @@ SASS = (
 
 
 def run(path, *args):
-    p = subprocess.run([sys.executable, TOOL, path] + list(args), capture_output=True, timeout=60)
-    return p.returncode, p.stdout.decode(), p.stderr.decode()
+    return run_command([sys.executable, TOOL, path, *args])
 
 
 with tempfile.TemporaryDirectory() as d:
