@@ -97,6 +97,8 @@ struct HdTiles {
   static constexpr uint32_t kKvTile = kPanels * kKvPanel;
 };
 
+static_assert(HdTiles<64>::kChunks == 8 && HdTiles<128>::kChunks == 16, "16-byte chunks of a row");
+
 // prefill_wgmma_kernel (variants 1 and 4) takes head_dim 128 only.
 using Hd128 = HdTiles<128>;
 constexpr int kCopies = kN * Hd128::kChunks / kThreads;  // 16-byte copies per thread per K or V tile
@@ -428,32 +430,28 @@ struct WgRows {
     pin_all();
   }
 
+  // S_t's keys kb + (0..127) set to -inf for row g (h = 0) or g + 8 (h = 1)
+  // where key >= bound[h] (kBelow: key < bound[h]).
+  template <bool kBelow>
+  __device__ __forceinline__ void mask_keys(int kb, int t4, const int (&bound)[2]) {
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int col = kb + j * 8 + t4 * 2 + (e & 1);
+        if (kBelow ? col < bound[e >> 1] : col >= bound[e >> 1]) s[4 * j + e] = -INFINITY;
+      }
+    }
+  }
+
   // S_t (keys kb .. kb + 127 of rows g and g + 8; t4: the accumulator
   // column pair) through the online softmax in the log2 domain: masked
   // where the tile runs past a row's end or (sliding window) starts before
   // its first key, m and l updated, S overwritten with P = exp2(S scale2 -
   // m), alpha set.
   __device__ __forceinline__ void softmax(int kb, int t4) {
-    if (kb + kN > hi_min) {
-#pragma unroll
-      for (int j = 0; j < 16; ++j) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int col = kb + j * 8 + t4 * 2 + (e & 1);
-          if (col >= hi[e >> 1]) s[4 * j + e] = -INFINITY;
-        }
-      }
-    }
-    if (kb < lo_max) {
-#pragma unroll
-      for (int j = 0; j < 16; ++j) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int col = kb + j * 8 + t4 * 2 + (e & 1);
-          if (col < lo[e >> 1]) s[4 * j + e] = -INFINITY;
-        }
-      }
-    }
+    if (kb + kN > hi_min) mask_keys<false>(kb, t4, hi);
+    if (kb < lo_max) mask_keys<true>(kb, t4, lo);
     // Four partial maxima and sums per row: shorter dependency chains.
     float mx[2][4], ps[2][4];
 #pragma unroll
@@ -1134,32 +1132,29 @@ bool prefill_wgmma_supports(const PagedAttentionArgs& a, int variant) {
 
 namespace {
 
-// The warp-specialised kernel for a's head_dim and dtypes (variant 2, or 3
-// with kPingpong).
-template <bool kPingpong, int kHd>
-void (*ws_kernel_hd(const PagedAttentionArgs& a))(PagedAttentionArgs, int) {
-  const bool f16 = a.act == DType::kF16;
-  if (a.kv_dtype == DType::kF8E4M3) {
-    return f16 ? prefill_wgmma_ws_kernel<true, kPingpong, 1, kHd> : prefill_wgmma_ws_kernel<false, kPingpong, 1, kHd>;
-  }
-  if (a.kv_dtype == DType::kI8) {
-    return f16 ? prefill_wgmma_ws_kernel<true, kPingpong, 2, kHd> : prefill_wgmma_ws_kernel<false, kPingpong, 2, kHd>;
-  }
-  return f16 ? prefill_wgmma_ws_kernel<true, kPingpong, 0, kHd> : prefill_wgmma_ws_kernel<false, kPingpong, 0, kHd>;
-}
-template <bool kPingpong>
-void (*ws_kernel(const PagedAttentionArgs& a))(PagedAttentionArgs, int) {
-  return a.hd == 64 ? ws_kernel_hd<kPingpong, 64>(a) : ws_kernel_hd<kPingpong, 128>(a);
-}
+// A kernel and the dynamic shared memory it is launched with.
+struct WgmmaLaunch {
+  void (*kernel)(PagedAttentionArgs, int);
+  uint32_t smem;
+};
 
-template <int kHd>
-uint32_t ws_smem_bytes_hd(const PagedAttentionArgs& a) {
-  if (a.kv_dtype == DType::kF8E4M3) return WsLayout<1, kHd>::kSmemBytes;
-  if (a.kv_dtype == DType::kI8) return WsLayout<2, kHd>::kSmemBytes;
-  return WsLayout<0, kHd>::kSmemBytes;
-}
-uint32_t ws_smem_bytes(const PagedAttentionArgs& a) {
-  return a.hd == 64 ? ws_smem_bytes_hd<64>(a) : ws_smem_bytes_hd<128>(a);
+// The warp-specialised kernel (variant 2, or 3 with kPingpong) for a's
+// head_dim and dtypes, with its layout's shared memory.
+template <bool kPingpong>
+WgmmaLaunch ws_launch(const PagedAttentionArgs& a) {
+  const bool f16 = a.act == DType::kF16;
+  auto pick = [&](auto kv8, auto hd) -> WgmmaLaunch {
+    constexpr int kKv8 = decltype(kv8)::value;
+    constexpr int kHd = decltype(hd)::value;
+    return {f16 ? prefill_wgmma_ws_kernel<true, kPingpong, kKv8, kHd> : prefill_wgmma_ws_kernel<false, kPingpong, kKv8, kHd>,
+            WsLayout<kKv8, kHd>::kSmemBytes};
+  };
+  auto by_pages = [&](auto hd) {  // kKv8: 1 F8_E4M3, 2 I8, 0 pages of the 16-bit type
+    if (a.kv_dtype == DType::kF8E4M3) return pick(std::integral_constant<int, 1>{}, hd);
+    if (a.kv_dtype == DType::kI8) return pick(std::integral_constant<int, 2>{}, hd);
+    return pick(std::integral_constant<int, 0>{}, hd);
+  };
+  return a.hd == 64 ? by_pages(std::integral_constant<int, 64>{}) : by_pages(std::integral_constant<int, 128>{});
 }
 
 }  // namespace
@@ -1175,15 +1170,13 @@ void launch_prefill_attention_wgmma(const PagedAttentionArgs& a, cudaStream_t st
   OSP_CHECK_LE(blocks, int64_t{2147483647});
   const bool f16 = a.act == DType::kF16;
   const bool ws = variant == 2 || variant == 3;
-  void (*kernel)(PagedAttentionArgs, int) = nullptr;
-  if (variant == 1) kernel = f16 ? prefill_wgmma_kernel<true, false> : prefill_wgmma_kernel<false, false>;
-  if (variant == 4) kernel = f16 ? prefill_wgmma_kernel<true, true> : prefill_wgmma_kernel<false, true>;
-  if (variant == 2) kernel = ws_kernel<false>(a);
-  if (variant == 3) kernel = ws_kernel<true>(a);
-  const int threads = ws ? kWsThreads : kThreads;
-  const uint32_t smem = ws ? ws_smem_bytes(a) : kSmemBytes;
-  set_max_dynamic_smem_once(kernel, smem);
-  kernel<<<static_cast<unsigned>(blocks), threads, smem, stream>>>(a, static_cast<int>(tiles));
+  WgmmaLaunch l{nullptr, kSmemBytes};
+  if (variant == 1) l.kernel = f16 ? prefill_wgmma_kernel<true, false> : prefill_wgmma_kernel<false, false>;
+  if (variant == 4) l.kernel = f16 ? prefill_wgmma_kernel<true, true> : prefill_wgmma_kernel<false, true>;
+  if (variant == 2) l = ws_launch<false>(a);
+  if (variant == 3) l = ws_launch<true>(a);
+  set_max_dynamic_smem_once(l.kernel, l.smem);
+  l.kernel<<<static_cast<unsigned>(blocks), ws ? kWsThreads : kThreads, l.smem, stream>>>(a, static_cast<int>(tiles));
   OSP_CUDA_CHECK_LAUNCH();
 }
 
