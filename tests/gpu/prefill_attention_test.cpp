@@ -15,7 +15,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <numeric>
 #include <optional>
 #include <random>
@@ -25,6 +24,7 @@
 #include "backend/cuda/attention/prefill_attention_mma.h"
 #include "backend/cuda/attention/prefill_wgmma.h"
 #include "backend/cuda/kernels.h"
+#include "bench_heads.h"
 #include "gpu_test_util.h"
 #include "ops/rope_freq.h"
 
@@ -671,20 +671,15 @@ TEST_F(PrefillAttention, QkvRopeKvWriteBothKernelsMatchCpu) {
 // pages of 16 in shuffled order: BF16 for every block shape (0 = the
 // automatic choice) in both block orders ("mmaN" longest-first, "mmaN-ph"
 // per KV head) and the wmma kernel; F16 for the automatic choice. Median of
-// 15 event-timed launches after 3 warm-ups. OSPREY_BENCH_HEADS=hq,hk,hd[,window]
-// picks other heads (e.g. 32,8,64: Llama-3.2-1B; 9,3,64: SmolLM2;
+// 15 event-timed launches after 3 warm-ups. OSPREY_BENCH_HEADS=hq,hk[,hd[,window]]
+// (bench_heads.h) picks other heads (e.g. 32,8,64: Llama-3.2-1B; 9,3,64: SmolLM2;
 // 32,8,128,4096: Mistral-7B v0.1's sliding window).
 TEST_F(PrefillAttention, DISABLED_PrefillAttentionBench) {
   cudaDeviceProp prop{};
   ASSERT_EQ(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
-  Heads heads{32, 8, 128, 0};
-  if (const char* v = std::getenv("OSPREY_BENCH_HEADS")) {
-    const int n = std::sscanf(v, "%d,%d,%d,%d", &heads.hq, &heads.hk, &heads.hd, &heads.window);
-    ASSERT_TRUE(n == 3 || n == 4) << "OSPREY_BENCH_HEADS=hq,hk,hd[,window]";
-    ASSERT_TRUE(heads.hk > 0 && heads.hq % heads.hk == 0 && (heads.hd == 64 || heads.hd == 128) &&
-                heads.window >= 0)
-        << v;
-  }
+  const auto bh = bench_heads_from_env(/*allow_window=*/true);
+  ASSERT_TRUE(bh.has_value());
+  const Heads heads{bh->hq, bh->hk, bh->hd, bh->window};
   std::printf("prefill attention bench on %s: causal, hq %d, hk %d, hd %d, window %d, pages of 16\n", prop.name,
               heads.hq, heads.hk, heads.hd, heads.window);
   std::printf("%-10s %-7s %-10s %10s %10s\n", "tokens", "dtype", "kernel", "ms", "TFLOP/s");

@@ -69,6 +69,7 @@
 #include <vector>
 
 #include "../attention_batch.h"
+#include "../bench_heads.h"
 #include "fp8_gemm.h"
 #include "backend/cuda/cuda_backend.h"
 #include "core/dtype.h"
@@ -130,21 +131,11 @@ bool bench_kv_fp8() { return bench_kv_is("fp8"); }
 
 // OSPREY_BENCH_HEADS=hq,hk[,hd]: the decode attention's head shape (default
 // 32,8,128: Llama-3-8B; e.g. 28,4 for Qwen2.5-7B, 9,3,64 for SmolLM2).
-struct HeadShape {
-  int hq = 32, hk = 8, hd = 128;
-};
-HeadShape bench_heads() {
-  static const HeadShape shape = [] {
-    HeadShape h;
-    const char* v = std::getenv("OSPREY_BENCH_HEADS");
-    if (v == nullptr) return h;
-    HeadShape p;
-    const int n = std::sscanf(v, "%d,%d,%d", &p.hq, &p.hk, &p.hd);
-    if (n < 2 || p.hk <= 0 || p.hq <= 0 || p.hq % p.hk != 0 || (p.hd != 64 && p.hd != 128)) {
-      std::fprintf(stderr, "OSPREY_BENCH_HEADS=%s: want hq,hk[,hd] with hk dividing hq, hd 64 or 128\n", v);
-      std::exit(2);
-    }
-    return p;
+gpu_test::BenchHeads bench_heads() {
+  static const gpu_test::BenchHeads shape = [] {
+    const auto h = gpu_test::bench_heads_from_env(/*allow_window=*/false);
+    if (!h) std::exit(2);
+    return *h;
   }();
   return shape;
 }
