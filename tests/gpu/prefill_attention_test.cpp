@@ -10,10 +10,13 @@
 // 8 kv x 128) for every block shape and both block orders (bf16), the wgmma
 // kernel (sm_90) and the automatic choice in f16 and over F8_E4M3 pages. Run with
 //   gpu_tests --gtest_also_run_disabled_tests --gtest_filter='*PrefillAttentionBench*'
+// (OSPREY_BENCH_HEADS: the head shape; OSPREY_BENCH_CASES=4096,4x2048: only
+// those cases).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <numeric>
 #include <optional>
@@ -696,7 +699,16 @@ TEST_F(PrefillAttention, DISABLED_PrefillAttentionBench) {
                                    {{{8192, 0}}, "8192"},
                                    {{{2048, 0}, {2048, 0}, {2048, 0}, {2048, 0}}, "4x2048"},
                                    {{{512, 3584}}, "512@3584"}};
+  // OSPREY_BENCH_CASES=name[,name...] (e.g. 4096): only those cases (one
+  // launch to profile).
+  const char* only = std::getenv("OSPREY_BENCH_CASES");
+  auto wanted = [&](const std::string& name) {
+    if (only == nullptr) return true;
+    const std::string list = std::string(",") + only + ",";
+    return list.find("," + name + ",") != std::string::npos;
+  };
   for (const auto& c : cases) {
+    if (!wanted(c.name)) continue;
     for (int pages = 0; pages < 4; ++pages) {  // 2, 3: F8_E4M3 pages, bf16 / f16 q
       const DType dt = pages % 2 == 1 ? DType::kF16 : DType::kBF16;
       const bool f8 = pages >= 2;
