@@ -528,19 +528,32 @@ __global__ void __launch_bounds__(kMmaThreads) mma_decode_kernel(PagedAttentionA
   const int bs = a.block_size;
   unsigned char* ring = mma_smem + static_cast<size_t>(warp) * kStages * kStageBytes;
 
-  // Slot of key row lane % 16 of this warp's tile i, or -1 past the range.
-  auto lookup = [&](int i) -> int {
+  // Key row lane % 16 of this warp's tile i: its page-table entry (x) and
+  // offset in the page (y), y = -1 past the range. The entry is loaded here
+  // and first used by issue() an iteration later: nothing consumes the
+  // load before then, so the warp does not wait for it (the slot's
+  // multiply-add, computed here, stalled each tile on the load: ncu,
+  // session 25).
+  const bool bs_pow2 = (bs & (bs - 1)) == 0;
+  const int bs_shift = __ffs(bs) - 1;
+  auto lookup = [&](int i) -> int2 {
     const int key = my_lo + (warp + i * kMmaWarps) * kTileKeys + lane % kTileKeys;
-    return i < my_tiles && key < my_hi ? pages[key / bs] * bs + key % bs : -1;
+    const bool valid = i < my_tiles && key < my_hi;
+    const int page = bs_pow2 ? key >> bs_shift : key / bs;
+    int entry = 0;
+    if (valid) entry = pages[page];
+    return make_int2(entry, valid ? key - page * bs : -1);
   };
   // Starts the copies of tile i's K and V rows into stage i % kStages; rows
   // past the range are zero-filled (P is 0 there, and 0 * garbage could be NaN).
-  auto issue = [&](int i, int slot) {
+  auto issue = [&](int i, int2 ref) {
+    const int slot = ref.y >= 0 ? ref.x * bs + ref.y : -1;
     unsigned char* sk = ring + (i % kStages) * kStageBytes;
     unsigned char* sv = sk + kTileBytes;
     if constexpr (kI8) {  // lane l: the K (l < 16) or V row scale of key l % 16, whose slot it holds
       const float* rs = lane < kTileKeys ? a.k_row_scales : a.v_row_scales;
-      const int64_t src = slot >= 0 ? ops::kv_row_scale_index(slot, kvh, a.hk, bs) : 0;
+      // ops::kv_row_scale_index of the slot, from its page and offset.
+      const int64_t src = ref.y >= 0 ? (static_cast<int64_t>(ref.x) * a.hk + kvh) * bs + ref.y : 0;
       cp_async4(sv + kTileBytes + lane * sizeof(float), rs + src, slot >= 0 ? 4 : 0);
     }
     const int c = lane % kChunks;
@@ -601,7 +614,7 @@ __global__ void __launch_bounds__(kMmaThreads) mma_decode_kernel(PagedAttentionA
       }
     }
   }
-  int slot_next = lookup(kStages - 1);
+  int2 slot_next = lookup(kStages - 1);
   for (int i = 0; i < my_tiles; ++i) {
     {
       const int t = i + kStages - 1;
