@@ -187,6 +187,27 @@ class Problem {
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   }
 
+  // K and V of every slot past a sequence's keys in its last page made NaN
+  // (0x7FFF in BF16 and F16, 0x7F in E4M3): no kernel may let them reach
+  // the output (P = 0 times NaN is NaN), as a whole-page copy would.
+  void poison_past_end() {
+    const size_t esz = kv_dt_ == DType::kF8E4M3 ? 1 : 2;
+    const size_t row_bytes = static_cast<size_t>(h_.hk) * h_.hd * esz;
+    std::vector<uint8_t> nan_row(row_bytes);
+    for (size_t i = 0; i < row_bytes; ++i) nan_row[i] = esz == 1 ? 0x7F : (i % 2 == 0 ? 0xFF : 0x7F);
+    for (size_t s = 0; s < hb_.kv_lens.size(); ++s) {
+      const auto pages = hb_.pages_of(static_cast<int>(s));
+      for (int kp = hb_.kv_lens[s]; kp < static_cast<int>(pages.size()) * bs_; ++kp) {
+        const size_t slot = static_cast<size_t>(pages[static_cast<size_t>(kp / bs_)]) * bs_ + kp % bs_;
+        for (const auto* m : {&*gk_, &*gv_}) {
+          ASSERT_EQ(cudaMemcpy(static_cast<char*>(m->get()) + slot * row_bytes, nan_row.data(), row_bytes,
+                               cudaMemcpyHostToDevice),
+                    cudaSuccess);
+        }
+      }
+    }
+  }
+
   std::vector<uint16_t> output(ops::Backend& gpu) const { return download<uint16_t>(gpu, *go_, q_.size()); }
 
   // float64 attention of token t, all query heads: [hq * hd].
@@ -438,6 +459,7 @@ TEST_F(PrefillAttention, WgmmaTileBoundaries) {
                     Heads{9, 3, 64, 0}, Heads{8, 1, 64, 0}, Heads{32, 8, 128, 100}, Heads{8, 8, 128, 128},
                     Heads{9, 3, 64, 129}, Heads{8, 1, 64, 200}}) {
       Problem pb(gpu(), h, seqs, 16, seed += 5, 0.0f, dt);
+      pb.poison_past_end();
       if (cuda::prefill_wgmma_available()) {
         const bool ws_only = h.hd == 64 || h.window > 0;
         EXPECT_TRUE(pb.runs(kWgmma - 1) && pb.runs(kWgmma - 2)) << tag(h, 16, kWgmma - 2);
@@ -449,6 +471,50 @@ TEST_F(PrefillAttention, WgmmaTileBoundaries) {
         pb.poison();
         pb.run(gpu(), variant);
         pb.check(gpu(), 7, tag(h, 16, variant));
+      }
+    }
+  }
+}
+
+// The warp-specialised variants' K/V copies by the bulk tensor copy engine
+// (TMA: 16-bit pages of a power-of-two size >= 8, one box a page or 128
+// rows of one; taken by default at head_dim 64 without a window, and
+// everywhere it can with OSPREY_PREFILL_TMA=1) against float64 and bit for
+// bit against their cp.async copies (OSPREY_PREFILL_TMA=0), at page sizes
+// 8 .. 256 (and 4 and 12, which stay on cp.async), with NaN in every slot
+// past a sequence's keys: the box holding a range's end must not bring
+// them in. Tile and page boundaries, chunks after earlier pages, G 1 / 3 /
+// 4, head_dim 64 and 128, a sliding window.
+TEST_F(PrefillAttention, WgmmaTmaPageSizes) {
+  if (!cuda::prefill_wgmma_available()) GTEST_SKIP() << "needs an sm_90 device and sm_90a code";
+  const std::vector<Seq> seqs = {{127, 0}, {129, 0}, {1, 127}, {33, 224}, {257, 255}, {2, 0}, {300, 20}, {8, 8}};
+  uint32_t seed = 900;
+  for (int bs : {8, 16, 32, 64, 128, 256, 4, 12}) {
+    for (Heads h : {Heads{32, 8, 128, 0}, Heads{9, 3, 64, 0}, Heads{8, 1, 128, 200}}) {
+      for (DType dt : {DType::kBF16, DType::kF16}) {
+        if (dt == DType::kF16 && h.hd != 128) continue;
+        Problem pb(gpu(), h, seqs, bs, seed += 3, 0.0f, dt);
+        pb.poison_past_end();
+        const bool tma = bs >= 8 && (bs & (bs - 1)) == 0;
+        for (int variant : {kWgmma - 1, kWgmma - 2}) {  // variants 2 and 3
+          const int v = kWgmma - variant + 1;
+          const std::string what = tag(h, bs, variant);
+          ASSERT_TRUE(pb.runs(variant)) << what;
+          EXPECT_EQ(cuda::prefill_wgmma_uses_tma(pb.args(), v), tma && h.hd == 64 && h.window == 0) << what;
+          ASSERT_EQ(setenv("OSPREY_PREFILL_TMA", "1", 1), 0);
+          EXPECT_EQ(cuda::prefill_wgmma_uses_tma(pb.args(), v), tma) << what;
+          pb.poison();
+          pb.run(gpu(), variant);
+          pb.check(gpu(), 5, what);
+          const auto with_tma = pb.output(gpu());
+          ASSERT_EQ(setenv("OSPREY_PREFILL_TMA", "0", 1), 0);
+          EXPECT_FALSE(cuda::prefill_wgmma_uses_tma(pb.args(), v)) << what;
+          pb.poison();
+          pb.run(gpu(), variant);
+          ASSERT_EQ(unsetenv("OSPREY_PREFILL_TMA"), 0);
+          if (HasFatalFailure()) return;
+          EXPECT_TRUE(pb.output(gpu()) == with_tma) << what << ": TMA and cp.async copies differ";
+        }
       }
     }
   }

@@ -53,9 +53,12 @@
 // and store) from the helpers below. What each kernel writes out itself is
 // where those inlined pieces go relative to its copies, barriers and
 // waits: that placement is what the variants differ in.
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <cstdlib>
@@ -817,6 +820,91 @@ __device__ __forceinline__ void copy_kv_items(const PagedAttentionArgs& a, const
   }
 }
 
+// copy_kv_items by the bulk tensor copy engine (kTma: pages of the 16-bit
+// type, a power-of-two page size >= 8), run by one warp of the copying
+// warpgroup: each K or V tile is kN / box boxes of `box` = min(bs, kN)
+// rows, one a page (or kN rows of one page), each box a TMA copy per
+// 64-element panel straight into its ring slot in the 128-byte swizzle
+// the wgmma descriptors read (a box's rows start on a multiple of 8, so
+// its swizzle phase is the tile's). Lane j loads box j's page-table entry.
+// The item's full barrier expects one arrival (lane 0, with the item's
+// TMA bytes); boxes past the block's key range read the slot coordinate
+// past the pool, which the engine fills with zeros. The box holding the
+// range's end is copied row by row with cp.async instead, zero-filled
+// past it (a TMA box would bring whatever the page holds there, and P = 0
+// times a non-finite stale V is NaN); those copies arrive on the barrier
+// without .noinc, before lane 0's arrival, so the phase also waits for
+// them. Why (ncu, H200, session 26, 4k tokens): copy_kv_items' 128
+// threads spent 444 warp instructions a tile on page-table loads and
+// 16-byte copies, and the computing warpgroups waited on the K tiles'
+// full barriers.
+template <class T, int kHd>
+__device__ __forceinline__ void copy_kv_items_tma(const PagedAttentionArgs& a, const WgBlock& b, int key0, int tile_hi,
+                                                  int nt, uint32_t full_bar, uint32_t empty_bar, const void* tmk,
+                                                  const void* tmv) {
+  using L = WsLayout<0, kHd>;
+  constexpr int kPanels = HdTiles<kHd>::kPanels;
+  constexpr int kChunks = HdTiles<kHd>::kChunks;
+  const int lane = b.lane;
+  if (lane == 0) {
+    wgmma::prefetch_tmap(tmk);
+    wgmma::prefetch_tmap(tmv);
+  }
+  const int32_t* pages = a.block_indices + a.block_indptr[b.seq];
+  const int bs = a.block_size;
+  const int shift = __ffs(bs) - 1;
+  const int box = min(bs, kN);  // rows of one box
+  const int boxes = kN / box;   // boxes of a tile (<= 16)
+  const int oob = a.num_blocks * bs;  // a slot coordinate past the pool: zeros
+  const int64_t row_bytes = int64_t{kHd} * sizeof(T);
+  const int64_t slot_bytes = a.hk * row_bytes;
+  const char* k_head = static_cast<const char*>(a.k_cache) + b.kvh * row_bytes;
+  const char* v_head = static_cast<const char*>(a.v_cache) + b.kvh * row_bytes;
+  for (int t = 0; t < nt; ++t) {
+    const int kt = key0 + t * kN;
+    const int kb = kt + lane * box;  // first key of box `lane`
+    const bool in = lane < boxes && kb < tile_hi;
+    const int slot = in ? pages[kb >> shift] * bs + (kb & (bs - 1)) : oob;
+    const bool partial = in && kb + box > tile_hi;
+    const unsigned pmask = __ballot_sync(0xffffffffu, partial);
+#pragma unroll 1
+    for (int h = 0; h < 2; ++h) {  // K_t, then V_t
+      const uint32_t i = 2u * static_cast<uint32_t>(t) + static_cast<uint32_t>(h);
+      const uint32_t st = i % L::kSlots;
+      if (i >= L::kSlots) wgmma::mbar_wait(empty_bar + 8 * st, ((i / L::kSlots) - 1) & 1u);
+      const uint32_t bar = full_bar + 8 * st;
+      const uint32_t tile_off = L::kOffSlot + st * L::kKvTile;
+      if (pmask != 0) {
+        const int pb = __ffs(pmask) - 1;
+        const int pslot = __shfl_sync(0xffffffffu, slot, pb);
+        const int valid = tile_hi - (kt + pb * box);  // rows of the box in the range (1 .. box - 1)
+        const char* head = h ? v_head : k_head;
+        for (int j = lane; j < box * kChunks; j += 32) {
+          const int r = j / kChunks;
+          const int c = j - r * kChunks;
+          const bool ok = r < valid;
+          const char* src = head + (ok ? (pslot + r) * slot_bytes : 0) + c * 16;
+          cp_async16(b.smem + tile_off + swz(kN, pb * box + r, c), src, ok ? 16 : 0);
+        }
+        wgmma::cp_async_mbar_arrive(bar);
+      }
+      __syncwarp();
+      if (lane == 0) {
+        const int tma_boxes = boxes - (pmask != 0 ? 1 : 0);
+        wgmma::mbar_arrive_expect_tx(bar, static_cast<uint32_t>(tma_boxes * box * 128 * kPanels));
+      }
+      __syncwarp();
+      if (lane < boxes && !partial) {
+#pragma unroll
+        for (int p = 0; p < kPanels; ++p) {
+          wgmma::tma_load_3d(b.sbase + tile_off + p * kKvPanel + static_cast<uint32_t>(lane * box) * 128u,
+                             h ? tmv : tmk, 64 * p, b.kvh, slot, bar);
+        }
+      }
+    }
+  }
+}
+
 // Sixteen E4M3 codes (16 bytes, lowest first) as sixteen values of the
 // 16-bit type (kF16: F16, else BF16 by way of fp32; exact either way), lo =
 // the first 8; one cvt.rn.f16x2.e4m3x2 a pair. Measured on an H200
@@ -972,8 +1060,13 @@ __device__ __forceinline__ void copy_kv_items_8(const PagedAttentionArgs& a, con
 // matrix products do.
 // kKv8: one-byte pages (copy_kv_items_8: 1 F8_E4M3, 2 I8), q and out of
 // the 16-bit type; 0: pages of that type. kHd: head_dim, 64 or 128.
-template <bool kF16, bool kPingpong, int kKv8, int kHd>
-__global__ void __launch_bounds__(kWsThreads, 1) prefill_wgmma_ws_kernel(PagedAttentionArgs a, int tiles_per_seq) {
+// kTma (kKv8 0 only): K/V tiles by the bulk tensor copy engine
+// (copy_kv_items_tma, tensor maps tmk and tmv); else tmk and tmv are unused.
+template <bool kF16, bool kPingpong, int kKv8, int kHd, bool kTma>
+__global__ void __launch_bounds__(kWsThreads, 1)
+    prefill_wgmma_ws_kernel(PagedAttentionArgs a, int tiles_per_seq, const __grid_constant__ CUtensorMap tmk,
+                            const __grid_constant__ CUtensorMap tmv) {
+  static_assert(!kTma || kKv8 == 0, "TMA copies pages of the 16-bit type");
 #if OSP_WGMMA_DEVICE
   using T = std::conditional_t<kF16, __half, __nv_bfloat16>;
   using L = WsLayout<kKv8, kHd>;
@@ -1000,7 +1093,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) prefill_wgmma_ws_kernel(PagedAt
   key_bounds(a, b, wrow, wg > 0, hi, sHi, lo, sLo);
   if (tid == 0) {
     for (int st = 0; st < kWsSlots; ++st) {
-      wgmma::mbar_init(full_bar + 8 * st, 128);  // one arrival per copying thread
+      wgmma::mbar_init(full_bar + 8 * st, kTma ? 1 : 128);  // one arrival per copying thread (kTma: one)
       wgmma::mbar_init(empty_bar + 8 * st, 8);   // one arrival per computing warp
     }
     wgmma::fence_mbar_init();
@@ -1022,6 +1115,8 @@ __global__ void __launch_bounds__(kWsThreads, 1) prefill_wgmma_ws_kernel(PagedAt
     wgmma::regs_dec<kWsCopyRegs>();
     if constexpr (kKv8 != 0) {
       if (nt > 0) copy_kv_items_8<kF16, kHd, kKv8>(a, b, key0, tile_hi, nt, full_bar, empty_bar);
+    } else if constexpr (kTma) {
+      if (b.warp == 0) copy_kv_items_tma<T, kHd>(a, b, key0, tile_hi, nt, full_bar, empty_bar, &tmk, &tmv);
     } else {
       copy_kv_items<T, kHd>(a, b, key0, tile_hi, nt, full_bar, empty_bar);
     }
@@ -1101,6 +1196,8 @@ __global__ void __launch_bounds__(kWsThreads, 1) prefill_wgmma_ws_kernel(PagedAt
 #else
   (void)a;
   (void)tiles_per_seq;
+  (void)tmk;
+  (void)tmv;
   __trap();  // not built for sm_90a: launch_prefill_attention_wgmma never launches this
 #endif
 }
@@ -1132,32 +1229,101 @@ bool prefill_wgmma_supports(const PagedAttentionArgs& a, int variant) {
 
 namespace {
 
-// A kernel and the dynamic shared memory it is launched with.
-struct WgmmaLaunch {
-  void (*kernel)(PagedAttentionArgs, int);
+// The warp-specialised kernel (variant 2, or 3 with kPingpong) for a's
+// head_dim and dtypes (tma: the bulk-tensor-copy build for pages of the
+// 16-bit type), with its layout's shared memory.
+using WsKernel = void (*)(PagedAttentionArgs, int, CUtensorMap, CUtensorMap);
+struct WsLaunch {
+  WsKernel kernel;
   uint32_t smem;
 };
 
-// The warp-specialised kernel (variant 2, or 3 with kPingpong) for a's
-// head_dim and dtypes, with its layout's shared memory.
 template <bool kPingpong>
-WgmmaLaunch ws_launch(const PagedAttentionArgs& a) {
+WsLaunch ws_launch(const PagedAttentionArgs& a, bool tma) {
   const bool f16 = a.act == DType::kF16;
-  auto pick = [&](auto kv8, auto hd) -> WgmmaLaunch {
+  auto pick = [&](auto kv8, auto hd, auto use_tma) -> WsLaunch {
     constexpr int kKv8 = decltype(kv8)::value;
     constexpr int kHd = decltype(hd)::value;
-    return {f16 ? prefill_wgmma_ws_kernel<true, kPingpong, kKv8, kHd> : prefill_wgmma_ws_kernel<false, kPingpong, kKv8, kHd>,
+    constexpr bool kTma = decltype(use_tma)::value;
+    return {f16 ? prefill_wgmma_ws_kernel<true, kPingpong, kKv8, kHd, kTma>
+                : prefill_wgmma_ws_kernel<false, kPingpong, kKv8, kHd, kTma>,
             WsLayout<kKv8, kHd>::kSmemBytes};
   };
   auto by_pages = [&](auto hd) {  // kKv8: 1 F8_E4M3, 2 I8, 0 pages of the 16-bit type
-    if (a.kv_dtype == DType::kF8E4M3) return pick(std::integral_constant<int, 1>{}, hd);
-    if (a.kv_dtype == DType::kI8) return pick(std::integral_constant<int, 2>{}, hd);
-    return pick(std::integral_constant<int, 0>{}, hd);
+    if (a.kv_dtype == DType::kF8E4M3) return pick(std::integral_constant<int, 1>{}, hd, std::false_type{});
+    if (a.kv_dtype == DType::kI8) return pick(std::integral_constant<int, 2>{}, hd, std::false_type{});
+    if (tma) return pick(std::integral_constant<int, 0>{}, hd, std::true_type{});
+    return pick(std::integral_constant<int, 0>{}, hd, std::false_type{});
   };
   return a.hd == 64 ? by_pages(std::integral_constant<int, 64>{}) : by_pages(std::integral_constant<int, 128>{});
 }
 
+// cuTensorMapEncodeTiled from the driver (through the runtime: no link to
+// libcuda), or nullptr where the driver does not give it.
+using EncodeTiled = PFN_cuTensorMapEncodeTiled_v12000;
+EncodeTiled encode_tiled() {
+  static const EncodeTiled fn = []() -> EncodeTiled {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess || p == nullptr) {
+      (void)cudaGetLastError();
+      return nullptr;
+    }
+    return reinterpret_cast<EncodeTiled>(p);
+  }();
+  return fn;
+}
+
+// Whether the warp-specialised kernel copies a's K/V tiles with the bulk
+// tensor copy engine. It can for pages of the 16-bit type of a power-of-two
+// size of at least 8 rows (a box's 128-byte rows then start on a swizzle
+// atom) in 16-byte aligned pools. It does by default at head_dim 64
+// without a window only: measured on an H200 (session 26, causal, 32 q /
+// 8 KV heads, pages of 16), TMA against cp.async was 302 / 347 against
+// 296 / 335 TFLOP/s at 4k / 8k tokens at head_dim 64 (Llama-3.2-1B's
+// TTFT(8192) 35.2 against 35.8 ms), but 405 / 466 against 447 / 507 at
+// head_dim 128 and 450 against 481 with a 4096-key window. Read at each
+// launch: OSPREY_PREFILL_TMA=1 takes it wherever it can (tests), =0 never.
+bool tma_shape(const PagedAttentionArgs& a) {
+  const char* env = std::getenv("OSPREY_PREFILL_TMA");
+  const bool force = env != nullptr && std::strcmp(env, "1") == 0;
+  const bool off = env != nullptr && std::strcmp(env, "0") == 0;
+  const int bs = a.block_size;
+  const auto addr = reinterpret_cast<uintptr_t>(a.k_cache) | reinterpret_cast<uintptr_t>(a.v_cache);
+  const bool can = a.kv_dtype == a.act && bs >= 8 && (bs & (bs - 1)) == 0 && addr % 16 == 0;
+  return can && !off && (force || (a.hd == 64 && a.window == 0));
+}
+
+// The tensor maps of a's K and V pools for copy_kv_items_tma: [slots][hk]
+// [hd] elements, boxes of 64 elements (a 128-byte row) x 1 head x
+// min(bs, kN) slots, the 128-byte swizzle. False where tma_shape(a) does
+// not hold or the driver cannot encode them.
+bool kv_tensor_maps(const PagedAttentionArgs& a, CUtensorMap& k, CUtensorMap& v) {
+  if (!tma_shape(a)) return false;
+  const EncodeTiled enc = encode_tiled();
+  if (enc == nullptr) return false;
+  const cuuint64_t esz = 2;  // BF16 / F16
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(a.hd), static_cast<cuuint64_t>(a.hk),
+                              static_cast<cuuint64_t>(int64_t{a.num_blocks} * a.block_size)};
+  const cuuint64_t strides[2] = {a.hd * esz, static_cast<cuuint64_t>(a.hk) * a.hd * esz};
+  const cuuint32_t box[3] = {64, 1, static_cast<cuuint32_t>(std::min(a.block_size, kN))};
+  const cuuint32_t elem_strides[3] = {1, 1, 1};
+  const CUtensorMapDataType dt = a.act == DType::kF16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  auto one = [&](CUtensorMap& m, const void* base) {
+    return enc(&m, dt, 3, const_cast<void*>(base), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+               CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  };
+  return one(k, a.k_cache) && one(v, a.v_cache);
+}
+
 }  // namespace
+
+bool prefill_wgmma_uses_tma(const PagedAttentionArgs& a, int variant) {
+  if (variant == 0) variant = kPrefillWgmmaDefaultVariant;
+  return (variant == 2 || variant == 3) && tma_shape(a) && encode_tiled() != nullptr;
+}
 
 void launch_prefill_attention_wgmma(const PagedAttentionArgs& a, cudaStream_t stream, int variant) {
   OSP_CHECK(prefill_wgmma_supports(a, variant));
@@ -1168,15 +1334,20 @@ void launch_prefill_attention_wgmma(const PagedAttentionArgs& a, cudaStream_t st
   const int64_t tiles = (int64_t{a.max_q_len} * group + kM - 1) / kM;
   const int64_t blocks = static_cast<int64_t>(a.num_seqs) * tiles * a.hk;
   OSP_CHECK_LE(blocks, int64_t{2147483647});
-  const bool f16 = a.act == DType::kF16;
-  const bool ws = variant == 2 || variant == 3;
-  WgmmaLaunch l{nullptr, kSmemBytes};
-  if (variant == 1) l.kernel = f16 ? prefill_wgmma_kernel<true, false> : prefill_wgmma_kernel<false, false>;
-  if (variant == 4) l.kernel = f16 ? prefill_wgmma_kernel<true, true> : prefill_wgmma_kernel<false, true>;
-  if (variant == 2) l = ws_launch<false>(a);
-  if (variant == 3) l = ws_launch<true>(a);
-  set_max_dynamic_smem_once(l.kernel, l.smem);
-  l.kernel<<<static_cast<unsigned>(blocks), ws ? kWsThreads : kThreads, l.smem, stream>>>(a, static_cast<int>(tiles));
+  if (variant == 2 || variant == 3) {
+    CUtensorMap tk{}, tv{};
+    const bool tma = kv_tensor_maps(a, tk, tv);
+    const WsLaunch l = variant == 2 ? ws_launch<false>(a, tma) : ws_launch<true>(a, tma);
+    set_max_dynamic_smem_once(l.kernel, l.smem);
+    l.kernel<<<static_cast<unsigned>(blocks), kWsThreads, l.smem, stream>>>(a, static_cast<int>(tiles), tk, tv);
+  } else {
+    const bool f16 = a.act == DType::kF16;
+    void (*kernel)(PagedAttentionArgs, int) = nullptr;
+    if (variant == 1) kernel = f16 ? prefill_wgmma_kernel<true, false> : prefill_wgmma_kernel<false, false>;
+    if (variant == 4) kernel = f16 ? prefill_wgmma_kernel<true, true> : prefill_wgmma_kernel<false, true>;
+    set_max_dynamic_smem_once(kernel, kSmemBytes);
+    kernel<<<static_cast<unsigned>(blocks), kThreads, kSmemBytes, stream>>>(a, static_cast<int>(tiles));
+  }
   OSP_CUDA_CHECK_LAUNCH();
 }
 

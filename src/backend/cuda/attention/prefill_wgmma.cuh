@@ -3,7 +3,8 @@
 // descriptors, wgmma.mma_async m64n128k16 (and m64n64k16 for P V at head_dim
 // 64) with fp32 accumulators (A from
 // shared memory or from registers), the fence / commit / wait steps, and
-// the mbarrier and setmaxnreg steps of the warp-specialised kernel.
+// the mbarrier, bulk tensor copy (TMA) and setmaxnreg steps of the
+// warp-specialised kernel.
 // Only usable in device code compiled for sm_90a (OSP_WGMMA_DEVICE below);
 // elsewhere the wrappers compile to nothing and must not be reached.
 #pragma once
@@ -214,6 +215,55 @@ __device__ __forceinline__ void cp_async_mbar_arrive_noinc(uint32_t addr) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(addr) : "memory");
 #else
   (void)addr;
+#endif
+}
+// One arrival made by the hardware once every cp.async this thread issued
+// before has landed, on top of the barrier's expected arrivals: the
+// pending count goes up by one now and down by one then (no .noinc), so the
+// phase cannot complete before those copies have landed.
+__device__ __forceinline__ void cp_async_mbar_arrive(uint32_t addr) {
+#if OSP_WGMMA_DEVICE
+  asm volatile("cp.async.mbarrier.arrive.shared::cta.b64 [%0];\n" ::"r"(addr) : "memory");
+#else
+  (void)addr;
+#endif
+}
+// One arrival that also expects `bytes` more of asynchronous copies
+// (complete_tx) in the current phase.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t addr, uint32_t bytes) {
+#if OSP_WGMMA_DEVICE
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(addr), "r"(bytes) : "memory");
+#else
+  (void)addr;
+  (void)bytes;
+#endif
+}
+// The bulk tensor copy engine (TMA): the box of the 3-D tensor map at
+// `tmap` (a __grid_constant__ kernel parameter) at coordinates (c0, c1, c2)
+// into shared memory at dst (shared-space address), completing its bytes
+// on the mbarrier at bar. Elements past the tensor's bounds are zeros.
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const void* tmap, int c0, int c1, int c2, uint32_t bar) {
+#if OSP_WGMMA_DEVICE
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
+      "[%5];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(tmap)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+      : "memory");
+#else
+  (void)dst;
+  (void)tmap;
+  (void)c0;
+  (void)c1;
+  (void)c2;
+  (void)bar;
+#endif
+}
+// Fetches a tensor map (kernel parameter) ahead of its first use.
+__device__ __forceinline__ void prefetch_tmap(const void* tmap) {
+#if OSP_WGMMA_DEVICE
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(tmap)) : "memory");
+#else
+  (void)tmap;
 #endif
 }
 // Waits until the phase with the given parity (0 or 1) has completed. Each
