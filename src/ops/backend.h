@@ -107,10 +107,17 @@ struct LayerKv {
   }
 };
 
-// Where the row scale of (slot = page * block_size + offset, KV head) lives
-// in an I8 layer's k_row_scales / v_row_scales.
+// Where the row scale of (page, offset in the page, KV head) lives in an I8
+// layer's k_row_scales / v_row_scales, in the integer type I (kernels that
+// already hold page and offset use it directly: no division; int where
+// the caller has checked that the indices fit).
+template <class I>
+constexpr I kv_row_scale_index_at(I page, I offset, I head, I num_kv_heads, I block_size) {
+  return (page * num_kv_heads + head) * block_size + offset;
+}
+// The same for slot = page * block_size + offset.
 constexpr int64_t kv_row_scale_index(int64_t slot, int64_t head, int64_t num_kv_heads, int64_t block_size) {
-  return (slot / block_size * num_kv_heads + head) * block_size + slot % block_size;
+  return kv_row_scale_index_at<int64_t>(slot / block_size, slot % block_size, head, num_kv_heads, block_size);
 }
 
 // The KV page dtypes: F32, F16, BF16, F8_E4M3, I8.

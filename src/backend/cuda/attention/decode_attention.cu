@@ -552,8 +552,7 @@ __global__ void __launch_bounds__(kMmaThreads) mma_decode_kernel(PagedAttentionA
     unsigned char* sv = sk + kTileBytes;
     if constexpr (kI8) {  // lane l: the K (l < 16) or V row scale of key l % 16, whose slot it holds
       const float* rs = lane < kTileKeys ? a.k_row_scales : a.v_row_scales;
-      // ops::kv_row_scale_index of the slot, from its page and offset.
-      const int64_t src = ref.y >= 0 ? (static_cast<int64_t>(ref.x) * a.hk + kvh) * bs + ref.y : 0;
+      const int64_t src = ref.y >= 0 ? ops::kv_row_scale_index_at<int64_t>(ref.x, ref.y, kvh, a.hk, bs) : 0;
       cp_async4(sv + kTileBytes + lane * sizeof(float), rs + src, slot >= 0 ? 4 : 0);
     }
     const int c = lane % kChunks;

@@ -299,7 +299,7 @@ struct KvPages {
   // the caller waits for the page table once, not once a key. kPow2:
   // bs_pow2 (the caller branches on it once, outside its loop).
   // scales != nullptr (I8 pages): scales[n] = the index of that key's row
-  // scale (ops::kv_row_scale_index, in 32-bit arithmetic: the rows fit an
+  // scale (ops::kv_row_scale_index_at, in 32-bit arithmetic: the rows fit an
   // int), 0 from hi on.
   template <int kKeys, bool kPow2>
   __device__ __forceinline__ void rows_of(int k0, int step, int hi, int* rows, int* scales = nullptr) const {
@@ -316,7 +316,9 @@ struct KvPages {
     for (int n = 0; n < kKeys; ++n) {
       const int kp = k0 + step * n;
       rows[n] = kp < hi ? row_in(entry[n], pg[n], kp) : -1;
-      if (scales != nullptr) scales[n] = kp < hi ? (entry[n] * a.hk + kvh) * bs + (kp - pg[n] * bs) : 0;
+      if (scales != nullptr) {
+        scales[n] = kp < hi ? ops::kv_row_scale_index_at<int>(entry[n], kp - pg[n] * bs, kvh, a.hk, bs) : 0;
+      }
     }
   }
 };
@@ -850,9 +852,8 @@ __device__ __forceinline__ void copy_kv_items_tma(const PagedAttentionArgs& a, c
     wgmma::prefetch_tmap(tmk);
     wgmma::prefetch_tmap(tmv);
   }
-  const int32_t* pages = a.block_indices + a.block_indptr[b.seq];
-  const int bs = a.block_size;
-  const int shift = __ffs(bs) - 1;
+  const KvPages<T> kv(a, b.seq, b.kvh);
+  const int bs = kv.bs;
   const int box = min(bs, kN);  // rows of one box
   const int boxes = kN / box;   // boxes of a tile (<= 16)
   const int oob = a.num_blocks * bs;  // a slot coordinate past the pool: zeros
@@ -864,7 +865,7 @@ __device__ __forceinline__ void copy_kv_items_tma(const PagedAttentionArgs& a, c
     const int kt = key0 + t * kN;
     const int kb = kt + lane * box;  // first key of box `lane`
     const bool in = lane < boxes && kb < tile_hi;
-    const int slot = in ? pages[kb >> shift] * bs + (kb & (bs - 1)) : oob;
+    const int slot = in ? kv.pages[kb >> kv.bs_shift] * bs + (kb & (bs - 1)) : oob;
     const bool partial = in && kb + box > tile_hi;
     const unsigned pmask = __ballot_sync(0xffffffffu, partial);
 #pragma unroll 1
