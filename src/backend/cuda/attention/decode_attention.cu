@@ -625,12 +625,28 @@ __global__ void __launch_bounds__(kMmaThreads) mma_decode_kernel(PagedAttentionA
     __syncwarp();
     const unsigned char* sk = ring + (i % kStages) * kStageBytes;
     const unsigned char* sv = sk + kTileBytes;
-    // One byte a value: two codes of a 32-bit word as the half2 bits of an MMA operand register.
-    [[maybe_unused]] auto widen2 = [](uint32_t w) {
+    // One byte a value: codes of a 32-bit word w as the half2 bits of an
+    // MMA operand register, bytes (0, 1) (lo) or (2, 3) (hi). I8: w is the
+    // word after flip() (sign bits flipped once a word).
+    [[maybe_unused]] auto flip = [](uint32_t w) {
       if constexpr (kI8) {
-        return i8x2_to_half2_bits(w);
+        return w ^ 0x80808080u;
+      } else {
+        return w;
+      }
+    };
+    [[maybe_unused]] auto widen_lo = [](uint32_t w) {
+      if constexpr (kI8) {
+        return i8x2_flipped_to_half2_bits<0>(w);
       } else {
         return e4m3x2_to_half2_bits(w);
+      }
+    };
+    [[maybe_unused]] auto widen_hi = [](uint32_t w) {
+      if constexpr (kI8) {
+        return i8x2_flipped_to_half2_bits<1>(w);
+      } else {
+        return e4m3x2_to_half2_bits(w >> 16);
       }
     };
 
@@ -648,8 +664,8 @@ __global__ void __launch_bounds__(kMmaThreads) mma_decode_kernel(PagedAttentionA
           const int kk = 2 * kk2 + h;
 #pragma unroll
           for (int j = 0; j < 2; ++j) {
-            const uint32_t w = b[2 * h + j];
-            M::mma(s[j], qa[kk][0], qa[kk][1], widen2(w), widen2(w >> 16));
+            const uint32_t w = flip(b[2 * h + j]);
+            M::mma(s[j], qa[kk][0], qa[kk][1], widen_lo(w), widen_hi(w));
           }
         }
       }
@@ -739,15 +755,15 @@ __global__ void __launch_bounds__(kMmaThreads) mma_decode_kernel(PagedAttentionA
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const int r = 2 * qd + (i & 1) + 8 * (i >> 1);
-          w[i] = *reinterpret_cast<const uint32_t*>(sv + tile_offset<kRowBytes>(r, c) + byte);
+          w[i] = flip(*reinterpret_cast<const uint32_t*>(sv + tile_offset<kRowBytes>(r, c) + byte));
         }
         // Per key pair: bytes (a0, b0, a1, b1) and (a2, b2, a3, b3).
         const uint32_t lo01 = __byte_perm(w[0], w[1], 0x5140), lo23 = __byte_perm(w[0], w[1], 0x7362);
         const uint32_t hi01 = __byte_perm(w[2], w[3], 0x5140), hi23 = __byte_perm(w[2], w[3], 0x7362);
-        M::mma(o[4 * tt], pa0, pa2, widen2(lo01), widen2(hi01));
-        M::mma(o[4 * tt + 1], pa0, pa2, widen2(lo01 >> 16), widen2(hi01 >> 16));
-        M::mma(o[4 * tt + 2], pa0, pa2, widen2(lo23), widen2(hi23));
-        M::mma(o[4 * tt + 3], pa0, pa2, widen2(lo23 >> 16), widen2(hi23 >> 16));
+        M::mma(o[4 * tt], pa0, pa2, widen_lo(lo01), widen_lo(hi01));
+        M::mma(o[4 * tt + 1], pa0, pa2, widen_hi(lo01), widen_hi(hi01));
+        M::mma(o[4 * tt + 2], pa0, pa2, widen_lo(lo23), widen_lo(hi23));
+        M::mma(o[4 * tt + 3], pa0, pa2, widen_hi(lo23), widen_hi(hi23));
       }
     } else {
 #pragma unroll

@@ -107,11 +107,15 @@ __device__ __forceinline__ uint2 i8_quantize8(const float (&v)[8], float s) {
   return make_uint2(w[0], w[1]);
 }
 
-// Two int8 values (the low 16 bits of `pair`, low byte first) as the bits
-// of a half2 (low half first); exact: each byte b + 128 goes into the
-// mantissa of 1024 (0x64 high byte), and 1024 + 128 comes off.
-__device__ __forceinline__ uint32_t i8x2_to_half2_bits(uint32_t pair) {
-  const uint32_t biased = __byte_perm(pair ^ 0x8080u, 0x64u, 0x4140);
+// Two int8 values as the bits of a half2 (the lower-addressed byte in the
+// low half), exactly: each byte b + 128 goes into the mantissa of 1024
+// (0x64 high byte), and 1024 + 128 comes off. `flipped` holds four int8
+// values with their sign bits already flipped (word ^ 0x80808080: b + 128
+// as an unsigned byte; one LOP3 a word rather than one a pair); kHi 0
+// takes bytes 0 and 1, kHi 1 bytes 2 and 3 (no shift).
+template <int kHi>
+__device__ __forceinline__ uint32_t i8x2_flipped_to_half2_bits(uint32_t flipped) {
+  const uint32_t biased = __byte_perm(flipped, 0x64u, kHi ? 0x4342 : 0x4140);
   const __half2 h = __hsub2(*reinterpret_cast<const __half2*>(&biased), __half2half2(__ushort_as_half(0x6480)));
   return *reinterpret_cast<const uint32_t*>(&h);
 }
