@@ -73,7 +73,10 @@ fi
 rc=$?
 say "build A rc=$rc"
 [[ $rc -eq 0 ]] || exit 1
-[[ -d /tmp/px ]] && export LD_LIBRARY_PATH=/tmp/px/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+if [[ -d /tmp/px ]]; then  # the PCRE2 / utf8proc packages session.sh unpacked (for a rebuild that reconfigures, too)
+  export PKG_CONFIG_PATH=/tmp/px/usr/lib/x86_64-linux-gnu/pkgconfig PKG_CONFIG_SYSROOT_DIR=/tmp/px
+  export LD_LIBRARY_PATH=/tmp/px/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+fi
 bins_at=${AB_BIN_DIR:-/tmp/ab}  # where the kept binaries go: $bins_at/<variant>
 keep() {  # variant: copies the named binaries out of the build folder
   mkdir -p "$bins_at/$1"
