@@ -857,10 +857,6 @@ __device__ __forceinline__ void copy_kv_items_tma(const PagedAttentionArgs& a, c
   const int box = min(bs, kN);  // rows of one box
   const int boxes = kN / box;   // boxes of a tile (<= 16)
   const int oob = a.num_blocks * bs;  // a slot coordinate past the pool: zeros
-  const int64_t row_bytes = int64_t{kHd} * sizeof(T);
-  const int64_t slot_bytes = a.hk * row_bytes;
-  const char* k_head = static_cast<const char*>(a.k_cache) + b.kvh * row_bytes;
-  const char* v_head = static_cast<const char*>(a.v_cache) + b.kvh * row_bytes;
   for (int t = 0; t < nt; ++t) {
     const int kt = key0 + t * kN;
     const int kb = kt + lane * box;  // first key of box `lane`
@@ -879,13 +875,13 @@ __device__ __forceinline__ void copy_kv_items_tma(const PagedAttentionArgs& a, c
         const int pb = __ffs(pmask) - 1;
         const int pslot = __shfl_sync(0xffffffffu, slot, pb);
         const int valid = tile_hi - (kt + pb * box);  // rows of the box in the range (1 .. box - 1)
-        const char* head = h ? v_head : k_head;
+        const char* cache = reinterpret_cast<const char*>(h ? kv.v : kv.k);
         for (int j = lane; j < box * kChunks; j += 32) {
           const int r = j / kChunks;
           const int c = j - r * kChunks;
-          const bool ok = r < valid;
-          const char* src = head + (ok ? (pslot + r) * slot_bytes : 0) + c * 16;
-          cp_async16(b.smem + tile_off + swz(kN, pb * box + r, c), src, ok ? 16 : 0);
+          const int row = r < valid ? (pslot + r) * a.hk + b.kvh : -1;  // K/V row (KvPages::row_in), -1: zeros
+          cp_async16(b.smem + tile_off + swz(kN, pb * box + r, c), kv_chunk_src<T, kHd>(cache + c * 16, row),
+                     row >= 0 ? 16 : 0);
         }
         wgmma::cp_async_mbar_arrive(bar);
       }
