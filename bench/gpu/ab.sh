@@ -10,7 +10,7 @@
 # out of). Builds A with session.sh's build step and keeps the binaries the
 # runs name; then, for each patch, applies it, rebuilds those binaries
 # (ninja: only what the patch touches), keeps them and takes the patch back
-# out. AB_TEST (a gtest filter) runs gpu_tests of each patched variant. Each
+# out. AB_TEST (a gtest filter) runs gpu_tests of every variant, A too. Each
 # AB_RUNS entry runs AB_ROUNDS times (default 2), the variants alternating
 # (A r1, B r1, [C r1,] A r2, B r2, ...), its environment set from the
 # entry's VAR=value words, its output in $OUT/ab/<tag>_<variant>_r<n>.txt.
@@ -87,7 +87,14 @@ keep() {  # variant: copies the named binaries out of the build folder
     cp "$f" "$bins_at/$1/$b"
   done
 }
+run_tests() {  # variant: its gpu_tests with the AB_TEST filter
+  [[ -n "${AB_TEST:-}" ]] || return 0
+  timeout 300 "$bins_at/$1/gpu_tests" --gtest_filter="$AB_TEST" >"$dir/test_$1.txt" 2>&1
+  say "gpu_tests $1 ($AB_TEST) rc=$?"
+  grep -E "^\[  (PASSED|FAILED) |FAILED  \]" "$dir/test_$1.txt" | head -20 | tee -a "$log"
+}
 keep A || exit 1
+run_tests A
 
 for i in "${!patches[@]}"; do
   p=${patches[$i]}
@@ -103,11 +110,7 @@ for i in "${!patches[@]}"; do
   say "build $v ($p) rc=$rc"
   [[ $rc -eq 0 ]] || { grep -E "error|FAILED" -A3 "$dir/build_$v.log" | head -30 | tee -a "$log"; exit 1; }
   keep "$v" || exit 1
-  if [[ -n "${AB_TEST:-}" ]]; then
-    timeout 300 "$bins_at/$v/gpu_tests" --gtest_filter="$AB_TEST" >"$dir/test_$v.txt" 2>&1
-    say "gpu_tests $v ($AB_TEST) rc=$?"
-    grep -E "^\[  (PASSED|FAILED) |FAILED  \]" "$dir/test_$v.txt" | head -20 | tee -a "$log"
-  fi
+  run_tests "$v"
 done
 
 set -f  # the runs' arguments are not file patterns (gtest filters)
