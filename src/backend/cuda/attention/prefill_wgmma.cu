@@ -823,20 +823,25 @@ __device__ __forceinline__ void copy_kv_items(const PagedAttentionArgs& a, const
 }
 
 // copy_kv_items by the bulk tensor copy engine (kTma: pages of the 16-bit
-// type, a power-of-two page size >= 8), run by one warp of the copying
+// type, a power-of-two page size >= 8), run by the four warps of the copying
 // warpgroup: each K or V tile is kN / box boxes of `box` = min(bs, kN)
 // rows, one a page (or kN rows of one page), each box a TMA copy per
 // 64-element panel straight into its ring slot in the 128-byte swizzle
 // the wgmma descriptors read (a box's rows start on a multiple of 8, so
-// its swizzle phase is the tile's). Lane j loads box j's page-table entry.
-// The item's full barrier expects one arrival (lane 0, with the item's
-// TMA bytes); boxes past the block's key range read the slot coordinate
+// its swizzle phase is the tile's). Lane j of every warp loads box j's
+// page-table entry; warp w issues the boxes j with j % 4 == w, each warp
+// after its own wait for the slot (one warp issuing them all, the lanes'
+// copies went out one after another through uniform registers).
+// The item's full barrier expects one arrival (warp 0's lane 0, with the
+// item's TMA bytes: the other warps' boxes may land first, the count of
+// bytes going below 0 until then, but the phase needs that arrival too);
+// boxes past the block's key range read the slot coordinate
 // past the pool, which the engine fills with zeros. The box holding the
 // range's end is copied row by row with cp.async instead, zero-filled
 // past it (a TMA box would bring whatever the page holds there, and P = 0
 // times a non-finite stale V is NaN); those copies arrive on the barrier
 // without .noinc, before lane 0's arrival, so the phase also waits for
-// them. Why (ncu, H200, session 26, 4k tokens): copy_kv_items' 128
+// them (warp 0 copies that box). Why (ncu, H200, session 26, 4k tokens): copy_kv_items' 128
 // threads spent 444 warp instructions a tile on page-table loads and
 // 16-byte copies, and the computing warpgroups waited on the K tiles'
 // full barriers.
@@ -848,7 +853,8 @@ __device__ __forceinline__ void copy_kv_items_tma(const PagedAttentionArgs& a, c
   constexpr int kPanels = HdTiles<kHd>::kPanels;
   constexpr int kChunks = HdTiles<kHd>::kChunks;
   const int lane = b.lane;
-  if (lane == 0) {
+  const int wq = b.warp & 3;  // this warp's share of the boxes: j % 4 == wq (warp 0: also the partial box)
+  if (lane == 0 && wq == 0) {
     wgmma::prefetch_tmap(tmk);
     wgmma::prefetch_tmap(tmv);
   }
@@ -871,7 +877,7 @@ __device__ __forceinline__ void copy_kv_items_tma(const PagedAttentionArgs& a, c
       if (i >= L::kSlots) wgmma::mbar_wait(empty_bar + 8 * st, ((i / L::kSlots) - 1) & 1u);
       const uint32_t bar = full_bar + 8 * st;
       const uint32_t tile_off = L::kOffSlot + st * L::kKvTile;
-      if (pmask != 0) {
+      if (pmask != 0 && wq == 0) {
         const int pb = __ffs(pmask) - 1;
         const int pslot = __shfl_sync(0xffffffffu, slot, pb);
         const int valid = tile_hi - (kt + pb * box);  // rows of the box in the range (1 .. box - 1)
@@ -886,12 +892,12 @@ __device__ __forceinline__ void copy_kv_items_tma(const PagedAttentionArgs& a, c
         wgmma::cp_async_mbar_arrive(bar);
       }
       __syncwarp();
-      if (lane == 0) {
+      if (lane == 0 && wq == 0) {
         const int tma_boxes = boxes - (pmask != 0 ? 1 : 0);
         wgmma::mbar_arrive_expect_tx(bar, static_cast<uint32_t>(tma_boxes * box * 128 * kPanels));
       }
       __syncwarp();
-      if (lane < boxes && !partial) {
+      if (lane < boxes && !partial && (lane & 3) == wq) {
 #pragma unroll
         for (int p = 0; p < kPanels; ++p) {
           wgmma::tma_load_3d(b.sbase + tile_off + p * kKvPanel + static_cast<uint32_t>(lane * box) * 128u,
@@ -1113,7 +1119,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     if constexpr (kKv8 != 0) {
       if (nt > 0) copy_kv_items_8<kF16, kHd, kKv8>(a, b, key0, tile_hi, nt, full_bar, empty_bar);
     } else if constexpr (kTma) {
-      if (b.warp == 0) copy_kv_items_tma<T, kHd>(a, b, key0, tile_hi, nt, full_bar, empty_bar, &tmk, &tmv);
+      copy_kv_items_tma<T, kHd>(a, b, key0, tile_hi, nt, full_bar, empty_bar, &tmk, &tmv);
     } else {
       copy_kv_items<T, kHd>(a, b, key0, tile_hi, nt, full_bar, empty_bar);
     }
@@ -1275,21 +1281,22 @@ EncodeTiled encode_tiled() {
 // Whether the warp-specialised kernel copies a's K/V tiles with the bulk
 // tensor copy engine. It can for pages of the 16-bit type of a power-of-two
 // size of at least 8 rows (a box's 128-byte rows then start on a swizzle
-// atom) in 16-byte aligned pools. It does by default at head_dim 64
-// without a window only: measured on an H200 (session 26, causal, 32 q /
-// 8 KV heads, pages of 16), TMA against cp.async was 302 / 347 against
-// 296 / 335 TFLOP/s at 4k / 8k tokens at head_dim 64 (Llama-3.2-1B's
-// TTFT(8192) 35.2 against 35.8 ms), but 405 / 466 against 447 / 507 at
-// head_dim 128 and 450 against 481 with a 4096-key window. Read at each
-// launch: OSPREY_PREFILL_TMA=1 takes it wherever it can (tests), =0 never.
+// atom) in 16-byte aligned pools, and does wherever it can. Measured on an
+// H200 (session 28, causal, 32 q / 8 KV heads, pages of 16, same binary),
+// TMA against cp.async: 499 / 574-581 against 442-446 / 507-508 TFLOP/s at
+// 4k / 8k tokens at head_dim 128, 540-545 against 476-477 at 8k with a
+// 4096-key window, 490 / 577 against 439-445 / 503-506 with 28 q / 4 KV
+// heads; at head_dim 64 it was the default already (session 26: 302 / 347
+// against 296 / 335). Before its boxes were issued by four warps (session
+// 27's branch), TMA lost at head_dim 128. Read at each launch:
+// OSPREY_PREFILL_TMA=0 never takes it (A/B, tests); =1 is the default.
 bool tma_shape(const PagedAttentionArgs& a) {
   const char* env = std::getenv("OSPREY_PREFILL_TMA");
-  const bool force = env != nullptr && std::strcmp(env, "1") == 0;
   const bool off = env != nullptr && std::strcmp(env, "0") == 0;
   const int bs = a.block_size;
   const auto addr = reinterpret_cast<uintptr_t>(a.k_cache) | reinterpret_cast<uintptr_t>(a.v_cache);
   const bool can = a.kv_dtype == a.act && bs >= 8 && (bs & (bs - 1)) == 0 && addr % 16 == 0;
-  return can && !off && (force || (a.hd == 64 && a.window == 0));
+  return can && !off;
 }
 
 // The tensor maps of a's K and V pools for copy_kv_items_tma: [slots][hk]

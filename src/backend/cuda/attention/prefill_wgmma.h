@@ -47,9 +47,9 @@ constexpr int kPrefillWgmmaDefaultVariant = 3;
 // Whether `variant` (0: the default) copies a's K/V tiles with the bulk
 // tensor copy engine (TMA) rather than with cp.async: the warp-specialised
 // variants 2 and 3 can over pages of the 16-bit type whose size is a power
-// of two >= 8 (where the driver encodes tensor maps), and do so by default
-// at head_dim 64 without a sliding window (the one case it was faster on
-// an H200); OSPREY_PREFILL_TMA=1 takes TMA wherever it can, =0 never.
+// of two >= 8 (where the driver encodes tensor maps), and do so wherever
+// they can (faster at every shape measured on an H200, session 28);
+// OSPREY_PREFILL_TMA=0 never takes it.
 bool prefill_wgmma_uses_tma(const PagedAttentionArgs& a, int variant = 0);
 
 // Preconditions: prefill_wgmma_available(), prefill_wgmma_supports(a,
