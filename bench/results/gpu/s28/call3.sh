@@ -17,7 +17,6 @@ echo "pb at $SECONDS" | tee -a $o/summary.txt
 timeout 90 python3 tests/gpu/bench/sdpa_peer.py > $o/sdpa.txt 2>&1; echo "sdpa rc=$? at $SECONDS" | tee -a $o/summary.txt
 for r in 1 2; do for t in 0 1; do
   OSPREY_PREFILL_TMA=$t timeout 60 $m llama-3-8b bfloat16 --ctx 512 --ttft-gap-ms 200 --prompt 8192 > $o/mb8b8k_t${t}_r$r.txt 2>&1
-  OSPREY_PREFILL_TMA=$t timeout 60 $m mistral-7b bfloat16 --ctx 512 --ttft-gap-ms 200 --prompt 8192 > $o/mbm7b8k_t${t}_r$r.txt 2>&1
 done; done
 echo "mb at $SECONDS" | tee -a $o/summary.txt
 n=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)
