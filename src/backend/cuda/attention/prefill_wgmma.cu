@@ -830,21 +830,22 @@ __device__ __forceinline__ void copy_kv_items(const PagedAttentionArgs& a, const
 // the wgmma descriptors read (a box's rows start on a multiple of 8, so
 // its swizzle phase is the tile's). Lane j of every warp loads box j's
 // page-table entry; warp w issues the boxes j with j % 4 == w, each warp
-// after its own wait for the slot (one warp issuing them all, the lanes'
-// copies went out one after another through uniform registers).
-// The item's full barrier expects one arrival (warp 0's lane 0, with the
-// item's TMA bytes: the other warps' boxes may land first, the count of
-// bytes going below 0 until then, but the phase needs that arrival too);
-// boxes past the block's key range read the slot coordinate
+// after its own wait for the slot. (With one warp issuing them all, the
+// lanes' copies went out one after another through uniform registers, and
+// TMA lost to cp.async at head_dim 128; with four it wins by 13-15%: H200,
+// session 28.) The item's full barrier expects one arrival (warp 0's lane
+// 0, with the item's TMA bytes: the other warps' boxes may land first, the
+// count of bytes going below 0 until then, but the phase needs that
+// arrival too); boxes past the block's key range read the slot coordinate
 // past the pool, which the engine fills with zeros. The box holding the
 // range's end is copied row by row with cp.async instead, zero-filled
 // past it (a TMA box would bring whatever the page holds there, and P = 0
 // times a non-finite stale V is NaN); those copies arrive on the barrier
 // without .noinc, before lane 0's arrival, so the phase also waits for
-// them (warp 0 copies that box). Why (ncu, H200, session 26, 4k tokens): copy_kv_items' 128
-// threads spent 444 warp instructions a tile on page-table loads and
-// 16-byte copies, and the computing warpgroups waited on the K tiles'
-// full barriers.
+// them (warp 0 copies that box). Why TMA (ncu, H200, session 26, 4k
+// tokens): copy_kv_items' 128 threads spent 444 warp instructions a tile
+// on page-table loads and 16-byte copies, and the computing warpgroups
+// waited on the K tiles' full barriers.
 template <class T, int kHd>
 __device__ __forceinline__ void copy_kv_items_tma(const PagedAttentionArgs& a, const WgBlock& b, int key0, int tile_hi,
                                                   int nt, uint32_t full_bar, uint32_t empty_bar, const void* tmk,
@@ -1313,7 +1314,8 @@ bool kv_tensor_maps(const PagedAttentionArgs& a, CUtensorMap& k, CUtensorMap& v)
   const cuuint64_t strides[2] = {a.hd * esz, static_cast<cuuint64_t>(a.hk) * a.hd * esz};
   const cuuint32_t box[3] = {64, 1, static_cast<cuuint32_t>(std::min(a.block_size, kN))};
   const cuuint32_t elem_strides[3] = {1, 1, 1};
-  const CUtensorMapDataType dt = a.act == DType::kF16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  const CUtensorMapDataType dt =
+      a.act == DType::kF16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   auto one = [&](CUtensorMap& m, const void* base) {
     return enc(&m, dt, 3, const_cast<void*>(base), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
