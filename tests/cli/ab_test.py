@@ -3,8 +3,8 @@
 the value in src/val.txt into a tool script, and two patches that change
 the value. Checks that A runs the tree as it is and B and C the trees with
 each patch, each entry's environment and arguments (a gtest-like pattern
-passed literally, not globbed), rounds alternating the variants, the
-patches taken back out, the outputs packed into OUT/ab.tgz, and a patch
+passed literally, not globbed), rounds alternating the variants, AB_TEST
+running every variant's gpu_tests (A's too), the patches taken back out, the outputs packed into OUT/ab.tgz, and a patch
 that does not apply refused before any build. Needs no GPU; bash, git and the standard library only.
 Usage: ab_test.py REPO_ROOT
 """
@@ -31,6 +31,11 @@ cat > bdir/sub/tool <<EOF
 echo "val=$v foo=\${FOO:-} args=\$*"
 EOF
 chmod +x bdir/sub/tool
+cat > bdir/sub/gpu_tests <<EOF
+#!/usr/bin/env bash
+echo "[  PASSED  ] val=$v \$*"
+EOF
+chmod +x bdir/sub/gpu_tests
 echo "build $*" >> builds.txt
 """
 
@@ -98,6 +103,24 @@ def main():
         runs = [ln for ln in lines if re.fullmatch(r"\w+ [A-H] r\d+ rc=\d+", ln)]
         check(lines[:3] == ["build A rc=0", "build B (change.diff) rc=0", "build C (other.diff) rc=0"],
               f"the log's build lines (got {lines[:3]})")
+
+        # AB_TEST: every variant's gpu_tests, A's included, with the filter.
+        shutil.rmtree(out)
+        p = subprocess.run(["bash", TOOL], cwd=repo, env=dict(env, AB_TEST="Suite.*", AB_ROUNDS="1"),
+                           capture_output=True, timeout=60)
+        check(p.returncode == 0, f"AB_TEST: exit 0 (got {p.returncode}: {p.stdout.decode()})")
+        tests = {}
+        if os.path.exists(tgz):
+            with tarfile.open(tgz) as t:
+                for m in t.getmembers():
+                    if m.isfile() and os.path.basename(m.name).startswith("test_"):
+                        tests[os.path.basename(m.name)] = t.extractfile(m).read().decode().strip()
+        check(tests == {f"test_{v}.txt": f"[  PASSED  ] val={n} --gtest_filter=Suite.*" for v, n in
+                        (("A", 1), ("B", 2), ("C", 3))},
+              f"AB_TEST runs each variant's gpu_tests with the filter, A's too (got {tests})")
+        with open(os.path.join(out, "ab.log")) as f:
+            log = f.read()
+        check(all(f"gpu_tests {v} (Suite.*) rc=0" in log for v in "ABC"), f"the log names each test run ({log})")
         check(runs == [f"{t} {v} r{r} rc=0" for r in (1, 2) for t in ("one", "two") for v in "ABC"],
               f"rounds alternate the variants, entry by entry (got {runs})")
 
