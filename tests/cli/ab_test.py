@@ -4,8 +4,10 @@ the value in src/val.txt into a tool script, and two patches that change
 the value. Checks that A runs the tree as it is and B and C the trees with
 each patch, each entry's environment and arguments (a gtest-like pattern
 passed literally, not globbed), rounds alternating the variants, AB_TEST
-running every variant's gpu_tests (A's too), the patches taken back out, the outputs packed into OUT/ab.tgz, and a patch
-that does not apply refused before any build. Needs no GPU; bash, git and the standard library only.
+running every variant's gpu_tests (A's too), the patches taken back out,
+the outputs packed into OUT/ab.tgz, and a patch that does not apply
+refused before any build. Needs no GPU; bash, git and the standard
+library only.
 Usage: ab_test.py REPO_ROOT
 """
 import os
@@ -97,12 +99,15 @@ def main():
             check(files.get(f"two_A_r{r}.txt") == "val=1 foo= args=--f=*x*",
                   f"a pattern in the arguments is passed as it is (got {files.get(f'two_A_r{r}.txt')})")
             check(files.get(f"two_B_r{r}.txt") == "val=2 foo= args=--f=*x*", "B of the second entry")
-            check(files.get(f"one_C_r{r}.txt") == "val=3 foo=x args=a b", f"C round {r}: the tree with the second patch")
+            check(files.get(f"one_C_r{r}.txt") == "val=3 foo=x args=a b",
+                  f"C round {r}: the tree with the second patch")
         with open(os.path.join(out, "ab.log")) as f:
             lines = [ln.split("] ", 1)[1] for ln in f.read().splitlines()]
         runs = [ln for ln in lines if re.fullmatch(r"\w+ [A-H] r\d+ rc=\d+", ln)]
         check(lines[:3] == ["build A rc=0", "build B (change.diff) rc=0", "build C (other.diff) rc=0"],
               f"the log's build lines (got {lines[:3]})")
+        check(runs == [f"{t} {v} r{r} rc=0" for r in (1, 2) for t in ("one", "two") for v in "ABC"],
+              f"rounds alternate the variants, entry by entry (got {runs})")
 
         # AB_TEST: every variant's gpu_tests, A's included, with the filter.
         shutil.rmtree(out)
@@ -121,8 +126,6 @@ def main():
         with open(os.path.join(out, "ab.log")) as f:
             log = f.read()
         check(all(f"gpu_tests {v} (Suite.*) rc=0" in log for v in "ABC"), f"the log names each test run ({log})")
-        check(runs == [f"{t} {v} r{r} rc=0" for r in (1, 2) for t in ("one", "two") for v in "ABC"],
-              f"rounds alternate the variants, entry by entry (got {runs})")
 
         # A patch that does not apply: refused before any build.
         with open(os.path.join(repo, "bad.diff"), "w") as f:

@@ -478,9 +478,9 @@ TEST_F(PrefillAttention, WgmmaTileBoundaries) {
 
 // The warp-specialised variants' K/V copies by the bulk tensor copy engine
 // (TMA: 16-bit pages of a power-of-two size >= 8, one box a page or 128
-// rows of one; taken by default wherever it can, OSPREY_PREFILL_TMA=1
-// included) against float64 and bit for
-// bit against their cp.async copies (OSPREY_PREFILL_TMA=0), at page sizes
+// rows of one; taken by default wherever it can, and with
+// OSPREY_PREFILL_TMA=1) against float64 and bit for bit against their
+// cp.async copies (OSPREY_PREFILL_TMA=0), at page sizes
 // 8 .. 256 (and 4 and 12, which stay on cp.async), with NaN in every slot
 // past a sequence's keys: the box holding a range's end must not bring
 // them in. Tile and page boundaries, chunks after earlier pages, G 1 / 3 /
