@@ -43,6 +43,17 @@ __device__ __forceinline__ PrefillRows prefill_rows(const PagedAttentionArgs& a,
   return p;
 }
 
+// Element offset of the sequence's query token t (counted from q_begin),
+// head j of KV head kvh's group, in a [num_tokens, hq, kHd] tensor (q or
+// out).
+template <int kHd>
+__device__ __forceinline__ int64_t prefill_head_offset(const PagedAttentionArgs& a, const PrefillRows& p, int kvh,
+                                                       int t, int j) {
+  const int token = p.q_begin + t;
+  const int head = kvh * p.group + j;
+  return (static_cast<int64_t>(token) * a.hq + head) * kHd;
+}
+
 // Element offset of block row r (KV head kvh) in a [num_tokens, hq, kHd]
 // tensor (q or out), or -1 for a row past the sequence.
 template <int kHd>
@@ -50,9 +61,7 @@ __device__ __forceinline__ int64_t prefill_row_offset(const PagedAttentionArgs& 
                                                       int r) {
   const int grow = p.row0 + r;
   if (grow >= p.total_rows) return -1;
-  const int token = p.q_begin + grow / p.group;
-  const int head = kvh * p.group + grow % p.group;
-  return (static_cast<int64_t>(token) * a.hq + head) * kHd;
+  return prefill_head_offset<kHd>(a, p, kvh, grow / p.group, grow % p.group);
 }
 
 // The 16-byte chunk c of block row r's q (head_dim kHd, KV head kvh), or

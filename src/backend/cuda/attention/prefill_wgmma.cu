@@ -574,9 +574,7 @@ struct WgRows {
 #pragma unroll
     for (int n = 0; n < kIters; ++n) {
       v[n] = *reinterpret_cast<const uint4*>(smem_q + swz(kM, r0 + kStep * n, c));
-      off[n] = grow < b.rows.total_rows
-                   ? (static_cast<int64_t>(b.rows.q_begin + tq) * a.hq + b.kvh * group + hh) * kHd + c * 8
-                   : -1;  // prefill_row_offset's arithmetic
+      off[n] = grow < b.rows.total_rows ? prefill_head_offset<kHd>(a, b.rows, b.kvh, tq, hh) + c * 8 : -1;
       grow += kStep;
       tq += dq;
       hh += dh;
