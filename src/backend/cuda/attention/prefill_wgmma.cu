@@ -185,17 +185,62 @@ __device__ __forceinline__ bool wg_block(const PagedAttentionArgs& a, int tiles_
   return true;
 }
 
+// Block rows r, r + kStep, r + 2 kStep, .. of a thread, walked with their
+// tokens and heads stepped (prefill_row_offset's arithmetic with one
+// division a thread, not one a row).
+template <int kHd, int kStep>
+struct RowWalk {
+  const PagedAttentionArgs& a;
+  const WgBlock& b;
+  int grow;  // the sequence's row: token tq, head hh of the group
+  int tq, hh;
+  int dq, dh;  // kStep rows: dq tokens and dh heads on
+
+  __device__ __forceinline__ RowWalk(const PagedAttentionArgs& args, const WgBlock& blk, int r) : a(args), b(blk) {
+    const int group = b.rows.group;
+    grow = b.rows.row0 + r;
+    tq = grow / group;
+    hh = grow - tq * group;
+    dq = kStep / group;
+    dh = kStep - dq * group;
+  }
+  // Element offset of the current row in a [num_tokens, hq, kHd] tensor;
+  // -1 past the sequence.
+  __device__ __forceinline__ int64_t offset() const {
+    return grow < b.rows.total_rows ? prefill_head_offset<kHd>(a, b.rows, b.kvh, tq, hh) : -1;
+  }
+  __device__ __forceinline__ void next() {
+    grow += kStep;
+    tq += dq;
+    hh += dh;
+    if (hh >= b.rows.group) {
+      hh -= b.rows.group;
+      ++tq;
+    }
+  }
+};
+
 // q -> the Q tile at smem + kOffQ (zeros past the sequence's rows) by the
-// kBlockThreads threads of the block: cp.async, not committed.
+// kBlockThreads threads of the block: cp.async, not committed. Thread t
+// copies chunk t % kChunks of rows t / kChunks + (kBlockThreads / kChunks) n
+// (RowWalk: no division a row).
 template <class T, int kHd, int kBlockThreads>
 __device__ __forceinline__ void load_q(const PagedAttentionArgs& a, const WgBlock& b) {
   constexpr int kChunks = HdTiles<kHd>::kChunks;
+  constexpr int kStep = kBlockThreads / kChunks;
+  static_assert(kBlockThreads % kChunks == 0, "a thread keeps its chunk column");
   const T* q = static_cast<const T*>(a.q);
-  for (int i = b.tid; i < kM * kChunks; i += kBlockThreads) {
-    const int r = i / kChunks;
-    const int c = i - r * kChunks;
-    const T* src = prefill_q_chunk<T, kHd>(a, b.rows, b.kvh, r, c);
-    cp_async16(b.smem + kOffQ + swz(kM, r, c), src != nullptr ? src : q, src != nullptr ? 16 : 0);
+  const int c = b.tid % kChunks;
+  const int r0 = b.tid / kChunks;
+  RowWalk<kHd, kStep> w(a, b, r0);
+#pragma unroll
+  for (int n = 0; n < (kM + kStep - 1) / kStep; ++n) {
+    const int r = r0 + kStep * n;
+    if (r < kM) {
+      const int64_t off = w.offset();
+      cp_async16(b.smem + kOffQ + swz(kM, r, c), off >= 0 ? q + off + c * 8 : q, off >= 0 ? 16 : 0);
+    }
+    w.next();
   }
 }
 
@@ -563,25 +608,15 @@ struct WgRows {
     constexpr int kStep = 32 / kChunks;
     const int c = b.lane % kChunks;
     const int r0 = wrow + b.lane / kChunks;
-    const int group = b.rows.group;
-    int grow = b.rows.row0 + r0;  // the sequence's row: token grow / group, head grow % group
-    int tq = grow / group;
-    int hh = grow - tq * group;
-    const int dq = kStep / group;
-    const int dh = kStep - dq * group;
+    RowWalk<kHd, kStep> rw(a, b, r0);
     uint4 v[kIters];
     int64_t off[kIters];
 #pragma unroll
     for (int n = 0; n < kIters; ++n) {
       v[n] = *reinterpret_cast<const uint4*>(smem_q + swz(kM, r0 + kStep * n, c));
-      off[n] = grow < b.rows.total_rows ? prefill_head_offset<kHd>(a, b.rows, b.kvh, tq, hh) + c * 8 : -1;
-      grow += kStep;
-      tq += dq;
-      hh += dh;
-      if (hh >= group) {
-        hh -= group;
-        ++tq;
-      }
+      off[n] = rw.offset();
+      if (off[n] >= 0) off[n] += c * 8;
+      rw.next();
     }
     T* out = static_cast<T*>(a.out);
 #pragma unroll
