@@ -773,6 +773,17 @@ TEST_F(PrefillAttention, DISABLED_PrefillAttentionBench) {
     const std::string list = std::string(",") + only + ",";
     return list.find("," + name + ",") != std::string::npos;
   };
+  // OSPREY_BENCH_KERNELS=prefix[,prefix...] (e.g. wgmma3): only the kernels
+  // whose names start with one of them (shorter A/B runs).
+  const char* kernels = std::getenv("OSPREY_BENCH_KERNELS");
+  auto kernel_wanted = [&](const std::string& name) {
+    if (kernels == nullptr) return true;
+    const std::string list = std::string(kernels) + ",";
+    for (size_t at = 0, comma; (comma = list.find(',', at)) != std::string::npos; at = comma + 1) {
+      if (comma > at && name.rfind(list.substr(at, comma - at), 0) == 0) return true;
+    }
+    return false;
+  };
   for (const auto& c : cases) {
     if (!wanted(c.name)) continue;
     for (int pages = 0; pages < 4; ++pages) {  // 2, 3: F8_E4M3 pages, bf16 / f16 q
@@ -788,6 +799,9 @@ TEST_F(PrefillAttention, DISABLED_PrefillAttentionBench) {
         if (k <= -2 && !pb.runs(kWgmma + 2 + k)) continue;
         const int variant = k / 2;
         const auto order = k % 2 == 0 ? cuda::PrefillOrder::kLongestFirst : cuda::PrefillOrder::kPerHead;
+        std::string name = "mma" + std::to_string(variant) + (order == cuda::PrefillOrder::kPerHead ? "-ph" : "");
+        if (k < 0) name = k <= -2 ? "wgmma" + std::to_string(-1 - k) : "wmma";
+        if (!kernel_wanted(name)) continue;
         auto launch = [&] {
           if (k <= -2) {
             cuda::launch_prefill_attention_wgmma(a, nullptr, -1 - k);
@@ -810,8 +824,6 @@ TEST_F(PrefillAttention, DISABLED_PrefillAttentionBench) {
         }
         std::sort(ms.begin(), ms.end());
         const float med = ms[ms.size() / 2];
-        std::string name = "mma" + std::to_string(variant) + (order == cuda::PrefillOrder::kPerHead ? "-ph" : "");
-        if (k < 0) name = k <= -2 ? "wgmma" + std::to_string(-1 - k) : "wmma";
         const std::string dts = std::string(dt == DType::kF16 ? "f16" : "bf16") + (f8 ? "+f8" : "");
         std::printf("%-10s %-7s %-10s %10.3f %10.1f\n", c.name.c_str(), dts.c_str(), name.c_str(), med,
                     pb.causal_flops() / (med * 1e-3) / 1e12);
