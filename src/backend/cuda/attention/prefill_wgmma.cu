@@ -441,13 +441,17 @@ struct WgRows {
 
   // S[64 x 128] = Q K^T with the K tile at k_addr, issued and committed
   // (kHd / 16 k-steps along d).
+  // The k-steps' descriptors are the tile's first plus the step's offset
+  // in 16-byte units, added to the start-address field (bits 0-13) alone:
+  // shared addresses stay below 2^18, so the field never carries.
   __device__ __forceinline__ void issue_s(uint32_t k_addr) {
+    const uint64_t dq = wgmma::sw128_desc(q_addr, 16, 1024);
+    const uint64_t dk = wgmma::sw128_desc(k_addr, 16, 1024);
 #pragma unroll
     for (int kk = 0; kk < kHd / 16; ++kk) {
       const uint32_t koff = static_cast<uint32_t>(kk & 3) * 32u;  // 16 elements along d within a panel
-      wgmma::mma_ss<kF16>(s, wgmma::sw128_desc(q_addr + static_cast<uint32_t>(kk >> 2) * kQPanel + koff, 16, 1024),
-                          wgmma::sw128_desc(k_addr + static_cast<uint32_t>(kk >> 2) * kKvPanel + koff, 16, 1024),
-                          kk > 0);
+      wgmma::mma_ss<kF16>(s, wgmma::desc_plus(dq, static_cast<uint32_t>(kk >> 2) * kQPanel + koff),
+                          wgmma::desc_plus(dk, static_cast<uint32_t>(kk >> 2) * kKvPanel + koff), kk > 0);
     }
     wgmma::commit();
   }
@@ -502,18 +506,17 @@ struct WgRows {
   __device__ __forceinline__ void softmax(int kb, int t4) {
     if (kb + kN > hi_min) mask_keys<false>(kb, t4, hi);
     if (kb < lo_max) mask_keys<true>(kb, t4, lo);
-    // Four partial maxima and sums per row: shorter dependency chains.
+    // Four partial maxima and sums per row: shorter dependency chains, each
+    // started from s[4 q + 2 h + {0, 1}] (not from -inf and 0: one
+    // instruction less a chain).
     float mx[2][4], ps[2][4];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        mx[h][q] = -INFINITY;
-        ps[h][q] = 0.0f;
-      }
+      for (int q = 0; q < 4; ++q) mx[h][q] = fmaxf(s[4 * q + 2 * h], s[4 * q + 2 * h + 1]);
     }
 #pragma unroll
-    for (int i = 0; i < 64; ++i) mx[(i >> 1) & 1][(i >> 2) & 3] = fmaxf(mx[(i >> 1) & 1][(i >> 2) & 3], s[i]);
+    for (int i = 16; i < 64; ++i) mx[(i >> 1) & 1][(i >> 2) & 3] = fmaxf(mx[(i >> 1) & 1][(i >> 2) & 3], s[i]);
     float mu[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -527,11 +530,14 @@ struct WgRows {
       m[h] = mn;
     }
 #pragma unroll
-    for (int i = 0; i < 64; ++i) {
-      const int h = (i >> 1) & 1;
-      s[i] = fast_exp2(fmaf(s[i], scale2, -mu[h]));
-      ps[h][(i >> 2) & 3] += s[i];
+    for (int i = 0; i < 64; ++i) s[i] = fast_exp2(fmaf(s[i], scale2, -mu[(i >> 1) & 1]));
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) ps[h][q] = s[4 * q + 2 * h] + s[4 * q + 2 * h + 1];
     }
+#pragma unroll
+    for (int i = 16; i < 64; ++i) ps[(i >> 1) & 1][(i >> 2) & 3] += s[i];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       l[h] = l[h] * alpha[h] + ((ps[h][0] + ps[h][1]) + (ps[h][2] + ps[h][3]));

@@ -37,6 +37,14 @@ __device__ __forceinline__ uint64_t sw128_desc(uint32_t smem_byte_addr, uint32_t
          (uint64_t{1} << 62);
 }
 
+// sw128_desc(a + bytes, ...) from d = sw128_desc(a, ...) where a + bytes
+// stays below 2^18: bytes / 16 added to the low word only (no carry into
+// the high word, which then stays a constant).
+__device__ __forceinline__ uint64_t desc_plus(uint64_t d, uint32_t bytes) {
+  const uint32_t lo = static_cast<uint32_t>(d) + (bytes >> 4);
+  return (d & 0xFFFFFFFF00000000ull) | lo;
+}
+
 // Orders this thread's earlier register accesses before the wgmma that
 // follow (required before the first wgmma and after registers they use
 // were written by other instructions).
