@@ -440,10 +440,9 @@ struct WgRows {
   }
 
   // S[64 x 128] = Q K^T with the K tile at k_addr, issued and committed
-  // (kHd / 16 k-steps along d).
-  // The k-steps' descriptors are the tile's first plus the step's offset
-  // in 16-byte units, added to the start-address field (bits 0-13) alone:
-  // shared addresses stay below 2^18, so the field never carries.
+  // (kHd / 16 k-steps along d). Each k-step's descriptors are the tile's
+  // first plus the step's offset (wgmma::desc_plus: one add, where
+  // sw128_desc of each step's address took four instructions).
   __device__ __forceinline__ void issue_s(uint32_t k_addr) {
     const uint64_t dq = wgmma::sw128_desc(q_addr, 16, 1024);
     const uint64_t dk = wgmma::sw128_desc(k_addr, 16, 1024);
