@@ -31,19 +31,23 @@ namespace osprey::cuda::wgmma {
 //  - MN-major (transposed B): rows of 128 bytes along N for one k, same
 //    XOR pattern over k % 8; sbo = 1024 (next 8 k), lbo = byte distance
 //    between 64-element panels along N.
-__device__ __forceinline__ uint64_t sw128_desc(uint32_t smem_byte_addr, uint32_t lbo, uint32_t sbo) {
+__host__ __device__ constexpr uint64_t sw128_desc(uint32_t smem_byte_addr, uint32_t lbo, uint32_t sbo) {
   return static_cast<uint64_t>((smem_byte_addr & 0x3FFFFu) >> 4) |
          (static_cast<uint64_t>((lbo & 0x3FFFFu) >> 4) << 16) | (static_cast<uint64_t>((sbo & 0x3FFFFu) >> 4) << 32) |
          (uint64_t{1} << 62);
 }
 
-// sw128_desc(a + bytes, ...) from d = sw128_desc(a, ...) where a + bytes
-// stays below 2^18: bytes / 16 added to the low word only (no carry into
-// the high word, which then stays a constant).
-__device__ __forceinline__ uint64_t desc_plus(uint64_t d, uint32_t bytes) {
+// sw128_desc(a + bytes, ...) from d = sw128_desc(a, ...), for a and bytes
+// multiples of 16 with a + bytes below 2^18 (every shared address): bytes
+// / 16 added to the low word only; the start-address field does not carry
+// into the others, and the high word stays a constant.
+__host__ __device__ constexpr uint64_t desc_plus(uint64_t d, uint32_t bytes) {
   const uint32_t lo = static_cast<uint32_t>(d) + (bytes >> 4);
   return (d & 0xFFFFFFFF00000000ull) | lo;
 }
+static_assert(desc_plus(sw128_desc(0x8000u, 16, 1024), 0x4060u) == sw128_desc(0xC060u, 16, 1024));
+static_assert(desc_plus(sw128_desc(0x1C000u, 0x4000u, 1024), 7u * 2048u) == sw128_desc(0x1F800u, 0x4000u, 1024));
+static_assert(desc_plus(sw128_desc(0u, 16, 1024), 0x3FFF0u) == sw128_desc(0x3FFF0u, 16, 1024));
 
 // Orders this thread's earlier register accesses before the wgmma that
 // follow (required before the first wgmma and after registers they use
