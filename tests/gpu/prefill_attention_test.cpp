@@ -735,6 +735,19 @@ TEST_F(PrefillAttention, QkvRopeKvWriteBothKernelsMatchCpu) {
   }
 }
 
+// Whether a comma-separated list from the environment (nullptr: unset,
+// everything) names `name`: one of its items equal to it, or (prefix) a
+// beginning of it.
+bool env_list_names(const char* list, const std::string& name, bool prefix) {
+  if (list == nullptr) return true;
+  const std::string items = std::string(list) + ",";
+  for (size_t at = 0, comma; (comma = items.find(',', at)) != std::string::npos; at = comma + 1) {
+    const std::string item = items.substr(at, comma - at);
+    if (!item.empty() && (prefix ? name.rfind(item, 0) == 0 : name == item)) return true;
+  }
+  return false;
+}
+
 // Not a test: TFLOP/s (causal FLOPs: 4 x hq x hd x visible pairs) of one
 // prompt of L tokens (and of four 2048-token prompts), Llama-3-8B heads,
 // pages of 16 in shuffled order: BF16 for every block shape (0 = the
@@ -766,24 +779,13 @@ TEST_F(PrefillAttention, DISABLED_PrefillAttentionBench) {
                                    {{{2048, 0}, {2048, 0}, {2048, 0}, {2048, 0}}, "4x2048"},
                                    {{{512, 3584}}, "512@3584"}};
   // OSPREY_BENCH_CASES=name[,name...] (e.g. 4096): only those cases (one
-  // launch to profile).
+  // launch to profile). OSPREY_BENCH_KERNELS=prefix[,prefix...] (e.g.
+  // wgmma3): only the kernels whose names start with one of them (shorter
+  // A/B runs).
   const char* only = std::getenv("OSPREY_BENCH_CASES");
-  auto wanted = [&](const std::string& name) {
-    if (only == nullptr) return true;
-    const std::string list = std::string(",") + only + ",";
-    return list.find("," + name + ",") != std::string::npos;
-  };
-  // OSPREY_BENCH_KERNELS=prefix[,prefix...] (e.g. wgmma3): only the kernels
-  // whose names start with one of them (shorter A/B runs).
   const char* kernels = std::getenv("OSPREY_BENCH_KERNELS");
-  auto kernel_wanted = [&](const std::string& name) {
-    if (kernels == nullptr) return true;
-    const std::string list = std::string(kernels) + ",";
-    for (size_t at = 0, comma; (comma = list.find(',', at)) != std::string::npos; at = comma + 1) {
-      if (comma > at && name.rfind(list.substr(at, comma - at), 0) == 0) return true;
-    }
-    return false;
-  };
+  auto wanted = [&](const std::string& name) { return env_list_names(only, name, false); };
+  auto kernel_wanted = [&](const std::string& name) { return env_list_names(kernels, name, true); };
   for (const auto& c : cases) {
     if (!wanted(c.name)) continue;
     for (int pages = 0; pages < 4; ++pages) {  // 2, 3: F8_E4M3 pages, bf16 / f16 q
