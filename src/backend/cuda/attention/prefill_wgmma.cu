@@ -772,7 +772,8 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_wgmma_kernel(PagedAttenti
 // P_{t-1} V_{t-1}. A step holds two items (V_{t-1}, K_t), so the copies run
 // up to two items (one tile) ahead: measured on an H200 (2026-12-03,
 // session 31), four slots were 1% faster than six at 4k and 8k tokens
-// (head_dim 64: 2-3%), five in between. No block-wide barrier in the key loop:
+// (head_dim 64: 2-3%); five were ahead of six in one call of two. No
+// block-wide barrier in the key loop:
 // the computing warpgroups drift apart and one's softmax overlaps the
 // other's wgmma; setmaxnreg moves registers from the copying warpgroup to
 // the computing ones. The copying threads load a tile's page-table entries
