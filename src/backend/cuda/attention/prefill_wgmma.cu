@@ -10,8 +10,10 @@
 // Work tile: kM = 128 rows of one sequence and one KV head, row r = (query
 // token r / G, query head kv_head * G + r % G), G = hq / hk, so the G query
 // heads of a KV head share every K/V tile. Two warpgroups of 4 warps, each
-// owning 64 rows: S[64 x 128 keys] = Q K^T as wgmma m64n128k16 with Q and K
-// from shared memory (d / 16 k-steps), O[64 x d] += P V (m64n128k16, or
+// owning 64 rows: S[64 x 128 keys] = Q K^T as wgmma m64n128k16 with Q from
+// registers (each warp's 16 rows, loaded once from the Q tile: no Q
+// descriptors in the key loop) and K from shared memory (d / 16 k-steps),
+// O[64 x d] += P V (m64n128k16, or
 // m64n64k16 at head_dim 64) with P straight
 // from the S accumulators in registers (rounded to T in place: the
 // accumulator layout of S is the A-fragment layout of P) and V from shared
@@ -378,6 +380,10 @@ __device__ __forceinline__ const void* kv_chunk_src(const char* chunk_base, int 
 
 // ---- The computing warpgroups of both kernels ----
 
+// How far (log2 domain) a tile's row max may exceed the running max before
+// the running max moves (WgRows::softmax).
+constexpr float kMaxSlack = 8.0f;
+
 // The 64 rows of one computing warpgroup: S, O, P and the online-softmax
 // state, in registers for the whole key loop, and the arithmetic of a key
 // tile t as the pieces each kernel interleaves with its copies, barriers
@@ -406,14 +412,12 @@ struct WgRows {
   int lo[2];             // first keys of rows g and g + 8 (sliding window; else 0)
   int lo_max;            // max(lo[0], lo[1])
   float scale2;          // scale log2(e)
-  uint32_t q_addr;       // shared-space address of the warpgroup's first Q row
+  uint32_t qa[kHd / 16][4];  // this warp's Q rows, the A operand of S (k-step kk: dims 16 kk ..)
 
   // Zeroes o, s, pa and l, sets m to -inf. row_hi, row_lo: key bounds
-  // and first keys (key_bounds); rows64: which 64 rows of the Q tile at
-  // sbase + kOffQ.
+  // and first keys (key_bounds). qa is loaded by load_q once Q has landed.
   __device__ __forceinline__ WgRows(float (&o_)[kO], float (&s_)[64], uint32_t (&pa_)[8][4], float (&m_)[2],
-                                    float (&l_)[2], const int (&row_hi)[2], const int (&row_lo)[2], float scale,
-                                    uint32_t sbase, int rows64)
+                                    float (&l_)[2], const int (&row_hi)[2], const int (&row_lo)[2], float scale)
       : o(o_), s(s_), pa(pa_), m(m_), l(l_) {
     hi[0] = row_hi[0];
     hi[1] = row_hi[1];
@@ -430,7 +434,19 @@ struct WgRows {
     m[0] = m[1] = -INFINITY;
     l[0] = l[1] = 0.0f;
     scale2 = scale * 1.4426950408889634f;  // log2(e)
-    q_addr = sbase + kOffQ + static_cast<uint32_t>(rows64) * 64u * 128u;
+  }
+
+  // This warp's 16 Q rows (block rows wrow ..) from the Q tile at smem_q
+  // into qa, once Q has landed there.
+  __device__ __forceinline__ void load_q(const unsigned char* smem_q, int wrow, int g, int t4) {
+#pragma unroll
+    for (int kk = 0; kk < kHd / 16; ++kk) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        qa[kk][e] = *reinterpret_cast<const uint32_t*>(smem_q + swz(kM, wrow + g + 8 * (e & 1), 2 * kk + (e >> 1)) +
+                                                       t4 * 4);
+      }
+    }
   }
 
   __device__ __forceinline__ void pin_all() {
@@ -439,18 +455,18 @@ struct WgRows {
     pin_p(pa);
   }
 
-  // S[64 x 128] = Q K^T with the K tile at k_addr, issued and committed
-  // (kHd / 16 k-steps along d). Each k-step's descriptors are the tile's
-  // first plus the step's offset (wgmma::desc_plus: one add, where
-  // sw128_desc of each step's address took four instructions).
+  // S[64 x 128] = Q K^T with Q from qa and the K tile at k_addr, issued and
+  // committed (kHd / 16 k-steps along d). Each k-step's K descriptor is the
+  // tile's first plus the step's offset (wgmma::desc_plus: one add, where
+  // sw128_desc of each step's address took four instructions). Q as a
+  // register operand (session 32) leaves the key loop without the Q
+  // descriptors' moves to uniform registers (919 -> 901 instructions).
   __device__ __forceinline__ void issue_s(uint32_t k_addr) {
-    const uint64_t dq = wgmma::sw128_desc(q_addr, 16, 1024);
     const uint64_t dk = wgmma::sw128_desc(k_addr, 16, 1024);
 #pragma unroll
     for (int kk = 0; kk < kHd / 16; ++kk) {
       const uint32_t koff = static_cast<uint32_t>(kk & 3) * 32u;  // 16 elements along d within a panel
-      wgmma::mma_ss<kF16>(s, wgmma::desc_plus(dq, static_cast<uint32_t>(kk >> 2) * kQPanel + koff),
-                          wgmma::desc_plus(dk, static_cast<uint32_t>(kk >> 2) * kKvPanel + koff), kk > 0);
+      wgmma::mma_rs<kF16>(s, qa[kk], wgmma::desc_plus(dk, static_cast<uint32_t>(kk >> 2) * kKvPanel + koff), kk > 0);
     }
     wgmma::commit();
   }
@@ -522,7 +538,12 @@ struct WgRows {
       float x = fmaxf(fmaxf(mx[h][0], mx[h][1]), fmaxf(mx[h][2], mx[h][3]));
       x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
       x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-      const float mn = fmaxf(m[h], x * scale2);  // scale2 > 0: max(s) * scale2 = max(s * scale2)
+      // scale2 > 0: max(s) * scale2 = max(s * scale2). The running max
+      // moves only when this tile's exceeds it by more than kMaxSlack (P <=
+      // 2^kMaxSlack otherwise): most tiles then leave alpha at 1 and O as it
+      // is (wait_rescale).
+      const float xs = x * scale2;
+      const float mn = xs > m[h] + kMaxSlack ? xs : m[h];
       // A row with no key so far keeps max -inf: subtract 0 so p = exp2(-inf) = 0.
       mu[h] = mn == -INFINITY ? 0.0f : mn;
       alpha[h] = fast_exp2(m[h] - mu[h]);
@@ -547,21 +568,26 @@ struct WgRows {
   }
 
   // Waits for P_{t-1} V_{t-1} (O and the P registers free), then rescales
-  // O by alpha (1 for rows whose max did not grow). The kernels call it in
-  // both arms of a warpgroup-uniform branch (wgmma.wait_group must be
-  // executed alike by the whole warpgroup) so that ptxas cannot schedule
-  // the wait above the softmax (it hoists the wait within its basic block
-  // otherwise, which serialises the softmax after P V); the rescale stays
-  // in the wait's basic block (after a join, or behind a branch of its
-  // own, ptxas serialises every wgmma).
+  // O by alpha, skipped (a warp-uniform branch) when every alpha of the
+  // warp is 1: no row's running max moved (softmax's kMaxSlack makes that
+  // the common case; session 32). The kernels call it in both arms of a
+  // warpgroup-uniform branch (wgmma.wait_group must be executed alike by
+  // the whole warpgroup) so that ptxas cannot schedule the wait above the
+  // softmax (it hoists the wait within its basic block otherwise, which
+  // serialises the softmax after P V). The rescale follows the wait in the
+  // same function: an earlier version that rescaled after the caller's
+  // join had ptxas serialise every wgmma (the SASS of this one keeps one
+  // WARPGROUP.ARRIVE a key tile).
   __device__ __forceinline__ void wait_rescale() {
     wait_pv();
+    if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
-    for (int j = 0; j < kHd / 8; ++j) {
-      o[4 * j + 0] *= alpha[0];
-      o[4 * j + 1] *= alpha[0];
-      o[4 * j + 2] *= alpha[1];
-      o[4 * j + 3] *= alpha[1];
+      for (int j = 0; j < kHd / 8; ++j) {
+        o[4 * j + 0] *= alpha[0];
+        o[4 * j + 1] *= alpha[0];
+        o[4 * j + 2] *= alpha[1];
+        o[4 * j + 3] *= alpha[1];
+      }
     }
   }
 
@@ -696,7 +722,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_wgmma_kernel(PagedAttenti
   float s[64];
   uint32_t pa[8][4];
   float m[2], l[2];
-  WgRows<kF16, kHd> w(o, s, pa, m, l, hi, lo, a.scale, b.sbase, wg);
+  WgRows<kF16, kHd> w(o, s, pa, m, l, hi, lo, a.scale);
   auto v_addr = [&](int t) { return b.sbase + kOffV + static_cast<uint32_t>(t & 1) * kKvTile; };
 
   // One key tile; first (t == 0): no P V to issue yet. (Peeled rather than
@@ -711,6 +737,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_wgmma_kernel(PagedAttenti
     cp_async_wait<0>();
     wgmma::fence_proxy_async_shared();
     __syncthreads();
+    if constexpr (kFirst) w.load_q(b.smem + kOffQ, wrow, b.g, b.t4);
 
     // S = Q K_t^T, then O += P_{t-1} V_{t-1}, both in flight while this
     // thread issues the copies of K_{t+1} and V_t below (kPvLate: P V after
@@ -1200,7 +1227,8 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     float s[64];
     uint32_t pa[8][4];
     float m[2], l[2];
-    WgRows<kF16, kHd> w(o, s, pa, m, l, hi, lo, kKv8 != 0 ? a.scale * a.k_scale : a.scale, b.sbase, wg - 1);
+    WgRows<kF16, kHd> w(o, s, pa, m, l, hi, lo, kKv8 != 0 ? a.scale * a.k_scale : a.scale);
+    w.load_q(b.smem + kOffQ, wrow, b.g, b.t4);
     // Turns (kPingpong): warpgroup cw waits on barrier 1 + cw before issuing
     // and then releases the other's; warpgroup 1 opens warpgroup 0's first
     // turn and skips its own last release, so every barrier sees as many

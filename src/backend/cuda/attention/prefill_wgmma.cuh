@@ -143,6 +143,34 @@ __device__ __forceinline__ void mma_ss(float (&d)[64], uint64_t desc_a, uint64_t
 #endif
 }
 
+// d[64 x 128] (+)= A[64 x 16] B[16 x 128]: A from registers (the layout of
+// mma_rs_tb below), B K-major from shared memory (as mma_ss's B).
+template <bool kF16>
+__device__ __forceinline__ void mma_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b, bool accumulate) {
+#if OSP_WGMMA_DEVICE
+  if constexpr (kF16) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {" OSP_WGMMA_D64
+        "}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+        : OSP_WGMMA_D64_OPS(d)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(static_cast<int>(accumulate)));
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" OSP_WGMMA_D64
+        "}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+        : OSP_WGMMA_D64_OPS(d)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(static_cast<int>(accumulate)));
+  }
+#else
+  (void)d;
+  (void)a;
+  (void)desc_b;
+  (void)accumulate;
+#endif
+}
+
 // d[64 x kN] += A[64 x 16] B[16 x kN] (kN 128 or 64: d holds kN / 2
 // accumulators per thread, the layout of mma_ss): A from registers (the
 // m16n8k16 A-fragment layout per warp: a[0] row l / 4, columns 2 (l % 4) +
