@@ -1,21 +1,19 @@
 #!/usr/bin/env bash
-# Session 32, call 3: main at eae9220 (Q in registers + lazy rescale). The
-# prefill bench at 1k-8k (two rounds), PyTorch SDPA (cuDNN, FlashAttention-2)
-# on the same card, and Llama-3-8B TTFT(8192) with BF16 pages (the session's
-# device time left allows one model run).
-# Packs $OUT/all.tgz after every stage.
+# Session 32, call 3 (replaces the earlier call-3 plan of a main-only run,
+# which got no machine): A = main (eae9220), B = FP8 pages computing in F16
+# under BF16 q too (prefill_f8_f16_compute.diff: codes widened to F16 in one
+# conversion a pair, q rounded to F16 with saturation, output BF16; the
+# copying warpgroup's loop 517 -> 325 static instructions). Two rounds at
+# 4k / 8k, head_dim 128 and 64; then B's FP8 prefill tests. Sized to the
+# session's device time left (~270 s of command).
 set -uo pipefail
-o=$OUT/r; mkdir -p $o
-pack() { tar -czf $OUT/all.tgz -C $o . 2>/dev/null; }
-OUT=$o STEPS=build bash bench/gpu/session.sh >/dev/null 2>&1; echo "build rc=$? at $SECONDS" | tee -a $o/summary.txt
-g=$(find build-gpu -name gpu_tests -type f | head -1); m=$(find build-gpu -name model_bench -type f | head -1)
-for r in 1 2; do
-  OSPREY_BENCH_KERNELS=wgmma3 timeout 30 $g --gtest_also_run_disabled_tests --gtest_filter='*PrefillAttentionBench*' > $o/pb128_r$r.txt 2>&1
-done
-echo "pb at $SECONDS" | tee -a $o/summary.txt; pack
-timeout 45 python3 tests/gpu/bench/sdpa_peer.py > $o/sdpa.txt 2>&1; echo "sdpa rc=$? at $SECONDS" | tee -a $o/summary.txt; pack
-for kv in auto; do
-  timeout 45 $m llama-3-8b bfloat16 --ctx 512 --ttft-gap-ms 200 --prompt 8192 --kv-cache-dtype $kv > $o/mb8b8k_${kv}.txt 2>&1
-  echo "mb $kv rc=$? at $SECONDS" | tee -a $o/summary.txt
-done
-grep -H "TTFT\|paged_attention" $o/mb*.txt | tee -a $o/summary.txt; pack
+d=bench/results/gpu/s32
+pb="gpu_tests --gtest_also_run_disabled_tests --gtest_filter=*PrefillAttentionBench*"
+k="OSPREY_BENCH_KERNELS=wgmma3"
+OUT=$OUT AB_PATCH="$d/prefill_f8_f16_compute.diff" \
+  AB_RUNS="pb128|$k OSPREY_BENCH_CASES=4096,8192|$pb;pb64|$k OSPREY_BENCH_HEADS=32,8,64 OSPREY_BENCH_CASES=4096,8192|$pb" \
+  AB_ROUNDS=2 timeout 210 bash bench/gpu/ab.sh
+echo "ab rc=$? at $SECONDS" >> $OUT/ab.log
+timeout 45 /tmp/ab/B/gpu_tests --gtest_filter='PrefillAttention.F8*:AttentionTest.F8PagesPrefill*' > $OUT/test_B.txt 2>&1
+echo "tests B rc=$? at $SECONDS" >> $OUT/ab.log
+grep -E "^\[  (PASSED|FAILED)|FAILED  \]|^\[       OK" $OUT/test_B.txt >> $OUT/ab.log
