@@ -177,6 +177,14 @@ class Problem {
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   }
 
+  // q element i set to v (rounded to dt) here and on the device; the
+  // reference is recomputed at the next check.
+  void set_q(ops::Backend& gpu, size_t i, float v) {
+    q_.at(i) = from_el(to_el({v}))[0];
+    gq_.emplace(upload(gpu, to_el(q_)));
+    ref_.clear();
+  }
+
   // AttentionBatch::num_leading_decodes for run(-2) (0: not given).
   void set_leading_decodes(int n) { leading_decodes_ = n; }
   void set_graph(bool on) { graph_ = on; }
@@ -602,6 +610,28 @@ TEST_F(PrefillAttention, F8PagesWgmmaMatchFloat64) {
         pb.check(gpu(), 7, tag(c.h, c.bs, variant));
       }
     }
+  }
+}
+
+// BF16 q beyond F16's range over F8_E4M3 pages: the wgmma kernel computes
+// in F16 there and rounds q to F16, saturating at +-65504 (an infinite q
+// would give NaN scores). The rows with such a q put (nearly) all their
+// weight on their keys of the largest product either way, so every
+// variant still matches float64 over the unsaturated q; the other rows
+// are untouched.
+TEST_F(PrefillAttention, F8PagesBf16QBeyondF16Range) {
+  const Heads h{32, 8, 128, 0};
+  Problem pb(gpu(), h, {{300, 0}, {129, 200}}, 16, 77, 0.0f, DType::kBF16, F8Pages::kRandom);
+  auto at = [&](int token, int head, int d) { return (static_cast<size_t>(token) * h.hq + head) * h.hd + d; };
+  pb.set_q(gpu(), at(5, 3, 7), 1.0e6f);
+  pb.set_q(gpu(), at(250, 0, 100), -3.0e5f);
+  pb.set_q(gpu(), at(320, 31, 0), 7.0e4f);
+  pb.set_q(gpu(), at(320, 31, 1), -7.0e4f);
+  for (int variant = kWgmmaLast; variant <= 0; ++variant) {
+    if (variant == -1 || !pb.runs(variant)) continue;
+    pb.poison();
+    pb.run(gpu(), variant);
+    pb.check(gpu(), 1, tag(h, 16, variant));
   }
 }
 

@@ -437,14 +437,24 @@ struct WgRows {
   }
 
   // This warp's 16 Q rows (block rows wrow ..) from the Q tile at smem_q
-  // into qa, once Q has landed there.
+  // into qa, once Q has landed there. kSrcF16: the tile's type (F16, else
+  // BF16); a BF16 tile under F16 compute (kF16) is rounded to F16,
+  // saturating at +-65504 (NaN stays NaN).
+  template <bool kSrcF16 = kF16>
   __device__ __forceinline__ void load_q(const unsigned char* smem_q, int wrow, int g, int t4) {
+    static_assert(kSrcF16 == kF16 || kF16, "F16 q is not rounded to BF16");
 #pragma unroll
     for (int kk = 0; kk < kHd / 16; ++kk) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        qa[kk][e] = *reinterpret_cast<const uint32_t*>(smem_q + swz(kM, wrow + g + 8 * (e & 1), 2 * kk + (e >> 1)) +
-                                                       t4 * 4);
+        const uint32_t x = *reinterpret_cast<const uint32_t*>(
+            smem_q + swz(kM, wrow + g + 8 * (e & 1), 2 * kk + (e >> 1)) + t4 * 4);
+        if constexpr (kSrcF16 == kF16) {
+          qa[kk][e] = x;
+        } else {
+          const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&x));
+          asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;\n" : "=r"(qa[kk][e]) : "f"(f.y), "f"(f.x));
+        }
       }
     }
   }
@@ -605,10 +615,10 @@ struct WgRows {
   // through those rows of the Q tile (no other warp reads them, and every
   // wgmma reading them has completed) for 16-byte stores.
   // kKvF8: times the layer's V scale (one-byte pages: F8_E4M3, or I8,
-  // whose layer scales are 1).
-  template <bool kKvF8 = false>
+  // whose layer scales are 1). kOutF16: the output's type (F16, else BF16).
+  template <bool kKvF8 = false, bool kOutF16 = kF16>
   __device__ __forceinline__ void store(const PagedAttentionArgs& a, const WgBlock& b, int wrow) const {
-    using T = std::conditional_t<kF16, __half, __nv_bfloat16>;
+    using T = std::conditional_t<kOutF16, __half, __nv_bfloat16>;
     constexpr int kChunks = HdTiles<kHd>::kChunks;
     unsigned char* smem_q = b.smem + kOffQ;
     float inv[2];
@@ -625,7 +635,7 @@ struct WgRows {
       for (int h = 0; h < 2; ++h) {
         const int r = wrow + b.g + 8 * h;
         *reinterpret_cast<uint32_t*>(smem_q + swz(kM, r, j) + b.t4 * 4) =
-            pack2<kF16>(o[4 * j + 2 * h] * inv[h], o[4 * j + 2 * h + 1] * inv[h]);
+            pack2<kOutF16>(o[4 * j + 2 * h] * inv[h], o[4 * j + 2 * h + 1] * inv[h]);
       }
     }
     __syncwarp();
@@ -1004,30 +1014,23 @@ __device__ __forceinline__ void copy_kv_items_tma(const PagedAttentionArgs& a, c
   }
 }
 
-// Sixteen E4M3 codes (16 bytes, lowest first) as sixteen values of the
-// 16-bit type (kF16: F16, else BF16 by way of fp32; exact either way), lo =
-// the first 8; one cvt.rn.f16x2.e4m3x2 a pair. Measured on an H200
-// (2026-11-28): integer moves and a 16-bit multiply a pair instead made the
-// kernel 7-14% slower (the copying warpgroup's instructions, not the
-// conversion unit, compete with the computing warpgroups); computing in
-// F16 under BF16 q (q rounded to F16 on load, no BF16 widening) changed it
-// by -2% to +4% by length, within the spread between machines, and was
-// not kept. (Written over a copy of the four words: reading w's members in
-// place, the caller's 16-byte shared load compiled to four 4-byte ones.)
-template <bool kF16>
+// Sixteen E4M3 codes (16 bytes, lowest first) as sixteen F16 values
+// (exact), lo = the first 8; one cvt.rn.f16x2.e4m3x2 a pair. F16 whatever
+// q's type: the warp-specialised kernel computes in F16 over F8_E4M3 pages
+// (session 32). Until then BF16 q took BF16 values, by way of fp32 (four
+// instructions a pair), and ran 8% behind F16 q; session 21 had measured
+// the F16 computation across machines only (-2% to +4%) and not kept it;
+// session 32 measured +9-10% in one call. Measured on an H200 (2026-11-28):
+// integer moves and a 16-bit multiply a pair instead of the conversion made
+// the kernel 7-14% slower (the copying warpgroup's instructions, not the
+// conversion unit, compete with the computing warpgroups). (Written over a
+// copy of the four words: reading w's members in place, the caller's
+// 16-byte shared load compiled to four 4-byte ones.)
 __device__ __forceinline__ void widen_e4m3x16(const uint4& w, uint4& lo, uint4& hi) {
   const uint32_t in[4] = {w.x, w.y, w.z, w.w};
   uint32_t out[8];
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const uint32_t h2 = e4m3x2_to_half2_bits(in[i / 2] >> (16 * (i % 2)));
-    if constexpr (kF16) {
-      out[i] = h2;
-    } else {
-      const __nv_bfloat162 b2 = __float22bfloat162_rn(__half22float2(*reinterpret_cast<const __half2*>(&h2)));
-      out[i] = *reinterpret_cast<const uint32_t*>(&b2);
-    }
-  }
+  for (int i = 0; i < 8; ++i) out[i] = e4m3x2_to_half2_bits(in[i / 2] >> (16 * (i % 2)));
   lo = make_uint4(out[0], out[1], out[2], out[3]);
   hi = make_uint4(out[4], out[5], out[6], out[7]);
 }
@@ -1060,7 +1063,9 @@ __device__ __forceinline__ void widen_i8x16(const uint4& w, float sc, uint4& lo,
 // half, and it widens them into 16-bit chunks 2 c and 2 c + 1 of those
 // rows. I8: the thread with c = 0 also copies its keys' row scales of the
 // item (K scales for K items, V for V) into the item's scale half; the
-// lanes of a key (the same warp) read them after a __syncwarp.
+// lanes of a key (the same warp) read them after a __syncwarp. kF16: the
+// type the codes widen to (F16, else BF16): F16 for E4M3 codes; for I8,
+// q's type (q * s can pass F16's range).
 template <bool kF16, int kHd, int kKv8>
 __device__ __forceinline__ void copy_kv_items_8(const PagedAttentionArgs& a, const WgBlock& b, int key0, int tile_hi,
                                                 int nt, uint32_t full_bar, uint32_t empty_bar) {
@@ -1131,7 +1136,8 @@ __device__ __forceinline__ void copy_kv_items_8(const PagedAttentionArgs& a, con
         if constexpr (kI8) {
           widen_i8x16<kF16>(w, scales[(i % kStages) * kN + j0 + n * kStep], lo, hi);
         } else {
-          widen_e4m3x16<kF16>(w, lo, hi);
+          static_assert(kF16, "E4M3 codes widen to F16 (the kernel computes in F16 over them)");
+          widen_e4m3x16(w, lo, hi);
         }
         *reinterpret_cast<uint4*>(dst + dst_lo + n * kStep * 128) = lo;
         *reinterpret_cast<uint4*>(dst + dst_hi + n * kStep * 128) = hi;
@@ -1168,6 +1174,11 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   static_assert(!kTma || kKv8 == 0, "TMA copies pages of the 16-bit type");
 #if OSP_WGMMA_DEVICE
   using T = std::conditional_t<kF16, __half, __nv_bfloat16>;
+  // The products' type: T, except over F8_E4M3 pages, which always compute
+  // in F16 (as the decode kernel does): their codes widen to F16 exactly in
+  // one conversion a pair (to BF16 by way of fp32: four), P in F16 has
+  // three more bits, and BF16 q is rounded to F16 (load_q).
+  constexpr bool kCF16 = kF16 || kKv8 == 1;
   using L = WsLayout<kKv8, kHd>;
   constexpr int kWsSlots = L::kSlots;
   constexpr uint32_t kWsOffSlot = L::kOffSlot;
@@ -1213,7 +1224,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     // Copying warpgroup (copy_kv_items).
     wgmma::regs_dec<kWsCopyRegs>();
     if constexpr (kKv8 != 0) {
-      if (nt > 0) copy_kv_items_8<kF16, kHd, kKv8>(a, b, key0, tile_hi, nt, full_bar, empty_bar);
+      if (nt > 0) copy_kv_items_8<kCF16, kHd, kKv8>(a, b, key0, tile_hi, nt, full_bar, empty_bar);
     } else if constexpr (kTma) {
       copy_kv_items_tma<T, kHd>(a, b, key0, tile_hi, nt, full_bar, empty_bar, &tmk, &tmv);
     } else {
@@ -1227,8 +1238,8 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     float s[64];
     uint32_t pa[8][4];
     float m[2], l[2];
-    WgRows<kF16, kHd> w(o, s, pa, m, l, hi, lo, kKv8 != 0 ? a.scale * a.k_scale : a.scale);
-    w.load_q(b.smem + kOffQ, wrow, b.g, b.t4);
+    WgRows<kCF16, kHd> w(o, s, pa, m, l, hi, lo, kKv8 != 0 ? a.scale * a.k_scale : a.scale);
+    w.template load_q<kF16>(b.smem + kOffQ, wrow, b.g, b.t4);
     // Turns (kPingpong): warpgroup cw waits on barrier 1 + cw before issuing
     // and then releases the other's; warpgroup 1 opens warpgroup 0's first
     // turn and skips its own last release, so every barrier sees as many
@@ -1290,7 +1301,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       if (cw == 0) your_turn();
       w.wait_pv();
     }
-    w.template store<kKv8 != 0>(a, b, wrow);
+    w.template store<kKv8 != 0, kF16>(a, b, wrow);
   }
 #else
   (void)a;
