@@ -683,7 +683,6 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_wgmma_kernel(PagedAttenti
   int* sSlot = reinterpret_cast<int*>(b.smem + kOffSlot);
   int* sHi = reinterpret_cast<int*>(b.smem + kOffHi);
   const int tid = b.tid;
-  const int wg = b.tid >> 7;     // warpgroup: rows 64 wg ..
   const int wrow = 16 * b.warp;  // first row of this warp within the block
 
   // q -> sQ; completes with K_0's group.
