@@ -1,31 +1,31 @@
 #!/usr/bin/env bash
-# Prepared in session 32 for the next session's first call (not run yet).
+# Prepared in session 32 for the next session's first call (not run yet;
+# carry [".debs"]; ~9 minutes, timeout 590).
 # 1. The tests 139fe10 (FP8 pages computing in F16 under BF16 q) did not get
 #    to run on a GPU: PrefillAttention.F8PagesWgmmaMatchFloat64,
-#    RepeatableBitForBit, F8PagesBf16QBeyondF16Range; then the whole prefill
-#    and paged-prefill set, with time to finish (~90 s).
-# 2. Main alone: the prefill bench at 1k-8k (two rounds), PyTorch SDPA
-#    (cuDNN, FlashAttention-2) on the same card (target 6's same-run peers;
-#    last in session 28), Llama-3-8B TTFT(8192) with BF16 and FP8 pages.
-# Packs $OUT/all.tgz after every stage. carry [".debs"]; ~6-7 minutes.
+#    RepeatableBitForBit, F8PagesBf16QBeyondF16Range (150 s); then the rest
+#    of the prefill and paged-prefill set (180 s).
+# 2. A/B (bench/gpu/ab.sh; A = the tree, already built by step 1) of
+#    prefill_f8_ent_ahead.diff: FP8 pages' copying threads copy the next
+#    tile's page-table entries into shared memory (cp.async, one a lane)
+#    with the current K item, instead of loading them (a dependent global
+#    load) right before each K item's copies. Compile-checked: no spills in
+#    any of the 36 kernels; only the F8 kernels' SASS changes.
+# next_call2.sh then runs main against the peers (cuDNN) and the model.
 set -uo pipefail
 o=$OUT/r; mkdir -p $o
 pack() { tar -czf $OUT/all.tgz -C $o . 2>/dev/null; }
 OUT=$o STEPS=build bash bench/gpu/session.sh >/dev/null 2>&1; echo "build rc=$? at $SECONDS" | tee -a $o/summary.txt
-g=$(find build-gpu -name gpu_tests -type f | head -1); m=$(find build-gpu -name model_bench -type f | head -1)
+g=$(find build-gpu -name gpu_tests -type f | head -1)
 timeout 150 $g --gtest_filter='PrefillAttention.F8*:PrefillAttention.RepeatableBitForBit' > $o/tests_f8.txt 2>&1
 echo "tests f8 rc=$? at $SECONDS" | tee -a $o/summary.txt
 grep -E "^\[  (PASSED|FAILED)|FAILED  \]|^\[       OK" $o/tests_f8.txt | tee -a $o/summary.txt; pack
 timeout 180 $g --gtest_filter='PrefillAttention.*:AttentionTest.*PagesPrefill*:-PrefillAttention.F8*:PrefillAttention.RepeatableBitForBit' > $o/tests_rest.txt 2>&1
 echo "tests rest rc=$? at $SECONDS" | tee -a $o/summary.txt
 grep -E "^\[  (PASSED|FAILED)|FAILED  \]" $o/tests_rest.txt | tee -a $o/summary.txt; pack
-for r in 1 2; do
-  OSPREY_BENCH_KERNELS=wgmma3 timeout 30 $g --gtest_also_run_disabled_tests --gtest_filter='*PrefillAttentionBench*' > $o/pb128_r$r.txt 2>&1
-done
-echo "pb at $SECONDS" | tee -a $o/summary.txt; pack
-timeout 60 python3 tests/gpu/bench/sdpa_peer.py > $o/sdpa.txt 2>&1; echo "sdpa rc=$? at $SECONDS" | tee -a $o/summary.txt; pack
-for kv in auto fp8; do
-  timeout 45 $m llama-3-8b bfloat16 --ctx 512 --ttft-gap-ms 200 --prompt 8192 --kv-cache-dtype $kv > $o/mb8b8k_${kv}.txt 2>&1
-  echo "mb $kv rc=$? at $SECONDS" | tee -a $o/summary.txt
-done
-grep -H "TTFT\|paged_attention" $o/mb*.txt | tee -a $o/summary.txt; pack
+pb="gpu_tests --gtest_also_run_disabled_tests --gtest_filter=*PrefillAttentionBench*"
+k="OSPREY_BENCH_KERNELS=wgmma3"
+OUT=$o AB_PATCH="bench/results/gpu/s32/prefill_f8_ent_ahead.diff" \
+  AB_RUNS="pb128|$k OSPREY_BENCH_CASES=2048,4096,8192|$pb;pb64|$k OSPREY_BENCH_HEADS=32,8,64 OSPREY_BENCH_CASES=4096,8192|$pb" \
+  AB_ROUNDS=2 timeout 150 bash bench/gpu/ab.sh
+echo "ab rc=$? at $SECONDS" | tee -a $o/summary.txt; pack

@@ -822,8 +822,9 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_wgmma_kernel(PagedAttenti
 // each item's bytes (128 keys x head_dim values) with cp.async into a
 // two-item staging area, each thread into a share of its own, so no thread
 // waits for another's copies: with item i + 1 still in flight it waits for
-// its own copies of item i (cp.async.wait_group), widens them to T in
-// registers (F8: exact in F16 and BF16; I8: below) and stores them into
+// its own copies of item i (cp.async.wait_group), widens them in
+// registers (F8: to F16, exact, whatever T: the computing warpgroups then
+// run in F16; I8: to T, below) and stores them into
 // the item's ring slot, then arrives on the slot's full barrier
 // (mbarrier.arrive, release) and issues its copies of item i + 2 into the
 // staging half it has just read. Five ring slots make room for the staging
