@@ -401,7 +401,7 @@ constexpr float kMaxSlack = 8.0f;
 template <bool kF16, int kHd>
 struct WgRows {
   static constexpr int kO = kHd / 2;  // O accumulators per thread
-  float (&o)[kO];        // O[64 x kHd], the m64nkHd accumulator layout (wgmma::mma_ss)
+  float (&o)[kO];        // O[64 x kHd], the m64nkHd accumulator layout (wgmma::mma_rs)
   float (&s)[64];        // S_t, then P_t = exp2(S_t scale2 - m) in fp32
   uint32_t (&pa)[8][4];  // P rounded to T, the A operand of P V (k-step kk: keys 16 kk ..)
   float (&m)[2];         // running max of rows g and g + 8 (log2 domain, scaled)

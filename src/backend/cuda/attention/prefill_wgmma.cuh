@@ -1,8 +1,8 @@
 // Inline-PTX wrappers for the Hopper (sm_90a) warpgroup MMA used by the
 // prefill attention kernels of prefill_wgmma.cu: shared-memory matrix
 // descriptors, wgmma.mma_async m64n128k16 (and m64n64k16 for P V at head_dim
-// 64) with fp32 accumulators (A from
-// shared memory or from registers), the fence / commit / wait steps, and
+// 64) with fp32 accumulators (A from registers, B from shared memory),
+// the fence / commit / wait steps, and
 // the mbarrier, bulk tensor copy (TMA) and setmaxnreg steps of the
 // warp-specialised kernel.
 // Only usable in device code compiled for sm_90a (OSP_WGMMA_DEVICE below);
@@ -116,35 +116,11 @@ __device__ __forceinline__ void fence_proxy_async_shared() {
 
 // d[64 x 128] (+)= A[64 x 16] B[16 x 128], fp32 accumulators in the
 // m64nNk16 layout (thread of warp w, lane l: d[4 j + e] is row 16 w + l / 4
-// + 8 (e / 2), column 8 j + 2 (l % 4) + e % 2). A (K-major) and B (K-major,
-// i.e. B^T stored row by row) from shared memory through descriptors;
-// accumulate = false overwrites d. kF16: f16 operands, else bf16.
-template <bool kF16>
-__device__ __forceinline__ void mma_ss(float (&d)[64], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
-#if OSP_WGMMA_DEVICE
-  if constexpr (kF16) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {" OSP_WGMMA_D64 "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-        : OSP_WGMMA_D64_OPS(d)
-        : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate)));
-  } else {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" OSP_WGMMA_D64 "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-        : OSP_WGMMA_D64_OPS(d)
-        : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate)));
-  }
-#else
-  (void)d;
-  (void)desc_a;
-  (void)desc_b;
-  (void)accumulate;
-#endif
-}
-
-// d[64 x 128] (+)= A[64 x 16] B[16 x 128]: A from registers (the layout of
-// mma_rs_tb below), B K-major from shared memory (as mma_ss's B).
+// + 8 (e / 2), column 8 j + 2 (l % 4) + e % 2). A from registers (the layout
+// of mma_rs_tb below), B K-major (B^T stored row by row) from shared memory
+// through a descriptor; accumulate = false overwrites d. kF16: f16
+// operands, else bf16. (Until session 32 the prefill kernels also took A
+// from shared memory, wgmma's SS form, for Q; Q now sits in registers.)
 template <bool kF16>
 __device__ __forceinline__ void mma_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b, bool accumulate) {
 #if OSP_WGMMA_DEVICE
@@ -172,7 +148,7 @@ __device__ __forceinline__ void mma_rs(float (&d)[64], const uint32_t (&a)[4], u
 }
 
 // d[64 x kN] += A[64 x 16] B[16 x kN] (kN 128 or 64: d holds kN / 2
-// accumulators per thread, the layout of mma_ss): A from registers (the
+// accumulators per thread, the layout of mma_rs): A from registers (the
 // m16n8k16 A-fragment layout per warp: a[0] row l / 4, columns 2 (l % 4) +
 // {0, 1}; a[1] the same 8 rows down; a[2], a[3] those 8 columns right), B
 // MN-major (B stored k by k, 128-byte rows along N; transpose bit set).
