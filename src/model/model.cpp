@@ -171,7 +171,7 @@ struct Part {
   // (row-major over the blocks); and whether the part may stay FP8 on the
   // device (a layer projection with one scale a matrix or a row) rather
   // than be dequantised.
-  std::vector<float> fp8_scales;
+  std::vector<float> fp8_scales{};
   int64_t fp8_block_rows = 0, fp8_block_cols = 0;  // 0: not block-wise
   bool fp8_ok = false;
   float fp8_scale_at(int64_t r, int64_t c) const {

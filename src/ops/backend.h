@@ -93,8 +93,8 @@ struct LayerKv {
   Tensor v;
   float k_scale = 1.0f;
   float v_scale = 1.0f;
-  Tensor k_row_scales;
-  Tensor v_row_scales;
+  Tensor k_row_scales{};
+  Tensor v_row_scales{};
 
   // The tensors a page's contents live in, each with num_blocks as its first
   // dimension: k, v and, for I8 pages, their row scales. Copies, swaps and

@@ -98,7 +98,9 @@ TEST(F8E4M3, RescaleRowsToACommonScale) {
   f8e4m3_rescale_rows(src.data(), 3, cols, scales + 1, false, 2.0f, dst.data());
   for (size_t i = 0; i < src.size(); ++i) {
     const double v = f8e4m3_to_f32(src[i]);
-    if (std::fabs(v / 2) >= std::ldexp(1.0, -6)) ASSERT_EQ(f8e4m3_to_f32(dst[i]), v / 2) << i;
+    if (std::fabs(v / 2) >= std::ldexp(1.0, -6)) {
+      ASSERT_EQ(f8e4m3_to_f32(dst[i]), v / 2) << i;
+    }
   }
 }
 

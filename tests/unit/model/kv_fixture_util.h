@@ -87,7 +87,9 @@ inline double check_fixture_prompts(Model& model, const std::string& fixture, do
     const double nmse = logits_nmse(model, p);
     worst = std::max(worst, nmse);
     EXPECT_LE(nmse, nmse_bound) << fixture << ", " << what << ", prompt of " << ids.size() << " tokens";
-    if (ids.size() > 1) EXPECT_GT(nmse, 0.0) << what << " round K and V: the logits cannot be exact";
+    if (ids.size() > 1) {
+      EXPECT_GT(nmse, 0.0) << what << " round K and V: the logits cannot be exact";
+    }
     const std::vector<int32_t> ref_greedy = p["greedy"].get<std::vector<int32_t>>();
     const auto margins = p["greedy_margins"].get<std::vector<double>>();
     const double max_abs = p["greedy_logits_max_abs"].get<double>();
