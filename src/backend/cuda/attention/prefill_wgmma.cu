@@ -476,7 +476,8 @@ struct WgRows {
 #pragma unroll
     for (int kk = 0; kk < kHd / 16; ++kk) {
       const uint32_t koff = static_cast<uint32_t>(kk & 3) * 32u;  // 16 elements along d within a panel
-      wgmma::mma_rs<kF16>(s, qa[kk], wgmma::desc_plus(dk, static_cast<uint32_t>(kk >> 2) * kKvPanel + koff), kk > 0);
+      wgmma::mma_rs<kF16, kN, false>(s, qa[kk],
+                                     wgmma::desc_plus(dk, static_cast<uint32_t>(kk >> 2) * kKvPanel + koff), kk > 0);
     }
     wgmma::commit();
   }
@@ -486,7 +487,7 @@ struct WgRows {
   __device__ __forceinline__ void issue_pv(uint32_t v_addr) {
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk) {
-      wgmma::mma_rs_tb<kF16, kHd>(o, pa[kk], wgmma::sw128_desc(v_addr + kk * 16 * 128, kKvPanel, 1024));
+      wgmma::mma_rs<kF16, kHd, true>(o, pa[kk], wgmma::sw128_desc(v_addr + kk * 16 * 128, kKvPanel, 1024), true);
     }
     wgmma::commit();
   }

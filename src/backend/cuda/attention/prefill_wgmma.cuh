@@ -114,81 +114,58 @@ __device__ __forceinline__ void fence_proxy_async_shared() {
       "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), \
       "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
 
-// d[64 x 128] (+)= A[64 x 16] B[16 x 128], fp32 accumulators in the
-// m64nNk16 layout (thread of warp w, lane l: d[4 j + e] is row 16 w + l / 4
-// + 8 (e / 2), column 8 j + 2 (l % 4) + e % 2). A from registers (the layout
-// of mma_rs_tb below), B K-major (B^T stored row by row) from shared memory
-// through a descriptor; accumulate = false overwrites d. kF16: f16
-// operands, else bf16. (Until session 32 the prefill kernels also took A
-// from shared memory, wgmma's SS form, for Q; Q now sits in registers.)
-template <bool kF16>
-__device__ __forceinline__ void mma_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b, bool accumulate) {
-#if OSP_WGMMA_DEVICE
-  if constexpr (kF16) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {" OSP_WGMMA_D64
-        "}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
-        : OSP_WGMMA_D64_OPS(d)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(static_cast<int>(accumulate)));
-  } else {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" OSP_WGMMA_D64
-        "}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
-        : OSP_WGMMA_D64_OPS(d)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(static_cast<int>(accumulate)));
-  }
-#else
-  (void)d;
-  (void)a;
-  (void)desc_b;
-  (void)accumulate;
-#endif
-}
-
-// d[64 x kN] += A[64 x 16] B[16 x kN] (kN 128 or 64: d holds kN / 2
-// accumulators per thread, the layout of mma_rs): A from registers (the
-// m16n8k16 A-fragment layout per warp: a[0] row l / 4, columns 2 (l % 4) +
-// {0, 1}; a[1] the same 8 rows down; a[2], a[3] those 8 columns right), B
-// MN-major (B stored k by k, 128-byte rows along N; transpose bit set).
-template <bool kF16, int kN>
-__device__ __forceinline__ void mma_rs_tb(float (&d)[kN / 2], const uint32_t (&a)[4], uint64_t desc_b) {
+// d[64 x kN] (+)= A[64 x 16] B[16 x kN] (kN 128 or 64), fp32 accumulators
+// in the m64nNk16 layout (thread of warp w, lane l: d[4 j + e] is row 16 w +
+// l / 4 + 8 (e / 2), column 8 j + 2 (l % 4) + e % 2; kN / 2 a thread).
+// A from registers: the m16n8k16 A-fragment layout per warp (a[0] row l /
+// 4, columns 2 (l % 4) + {0, 1}; a[1] the same 8 rows down; a[2], a[3]
+// those 8 columns right). B from shared memory through a descriptor:
+// K-major (B^T stored row by row), or with kTransB MN-major (B stored k by
+// k, 128-byte rows along N; the transpose bit set). accumulate = false
+// overwrites d. kF16: f16 operands, else bf16. (Until session 32 the
+// prefill kernels also took A from shared memory, wgmma's SS form, for Q.)
+template <bool kF16, int kN, bool kTransB>
+__device__ __forceinline__ void mma_rs(float (&d)[kN / 2], const uint32_t (&a)[4], uint64_t desc_b, bool accumulate) {
   static_assert(kN == 128 || kN == 64, "m64n128k16 or m64n64k16");
 #if OSP_WGMMA_DEVICE
   if constexpr (kN == 128 && kF16) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {" OSP_WGMMA_D64
-        "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+        "}, {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
         : OSP_WGMMA_D64_OPS(d)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(static_cast<int>(accumulate)),
+          "n"(kTransB ? 1 : 0));
   } else if constexpr (kN == 128) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" OSP_WGMMA_D64
-        "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+        "}, {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
         : OSP_WGMMA_D64_OPS(d)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(static_cast<int>(accumulate)),
+          "n"(kTransB ? 1 : 0));
   } else if constexpr (kF16) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {" OSP_WGMMA_D32
-        "}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+        "}, {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
         : OSP_WGMMA_D32_OPS(d)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(static_cast<int>(accumulate)),
+          "n"(kTransB ? 1 : 0));
   } else {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" OSP_WGMMA_D32
-        "}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+        "}, {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
         : OSP_WGMMA_D32_OPS(d)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(static_cast<int>(accumulate)),
+          "n"(kTransB ? 1 : 0));
   }
 #else
   (void)d;
   (void)a;
   (void)desc_b;
+  (void)accumulate;
 #endif
 }
 
