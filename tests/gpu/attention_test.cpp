@@ -9,6 +9,8 @@
 // repeated and replayed from a CUDA graph (its counters reset every launch);
 // F8_E4M3 pages with K and V scales (decode, prefill and mixed steps, every
 // kernel family, kv_write bit for bit).
+#include <algorithm>
+#include <cmath>
 #include <limits>
 #include <numeric>
 #include <optional>
@@ -739,6 +741,63 @@ TEST_F(AttentionTest, I8PagesDecodeAcrossGroupsHeadDimsAndBlockSizes) {
 // The prefill kernels' I8 variants (the mma.sync kernel's, and on Hopper
 // the wgmma kernel's for prompt-heavy steps).
 TEST_F(AttentionTest, I8PagesPrefillAndMixedSteps) { one_byte_prefill_sweep(gpu(), cpu(), check_i8, 2500); }
+
+// BF16 q with components beyond half's range (up to 1e6) over one-byte
+// pages in decode steps. The decode kernel rounds q to half for its f16
+// products and must saturate such components at +-65504: an infinity
+// would give NaN scores, any other value other scores. The K values are
+// small (F8: 1e-5 a code unit; I8: row scales times 1e-3), so a saturated
+// component gives scores of a few units and the softmax stays far from
+// one-hot. The CPU reads q with those components clamped to +-65504.
+TEST_F(AttentionTest, OneBytePagesDecodeSaturateBf16QBeyondHalf) {
+  uint32_t seed = 2900;
+  for (DType kv : {DType::kF8E4M3, DType::kI8}) {
+    for (Config c : {Config{32, 8, 128, 16, DType::kBF16}, Config{8, 2, 64, 7, DType::kBF16}}) {
+      c.kv_dtype = kv;
+      std::vector<SeqSpec> seqs;
+      for (int len : kDecodeLens) seqs.push_back({1, len});
+      Batch h(seqs, c.block_size, seed += 7);
+      const std::string what = std::string(dtype_name(kv)) + " pages, BF16 q beyond half, " + tag(c, 0, seqs);
+      const int64_t n = h.num_tokens();
+      const size_t q_elems = static_cast<size_t>(n * c.hq * c.hd);
+      auto f = random_floats(q_elems, seed + 3, -2.0f, 2.0f);
+      const float big[] = {1.0e6f, -3.0e5f, 7.0e4f, -65536.0f};
+      for (int64_t t = 0; t < n; ++t) {
+        for (int j = 0; j < 4; ++j) {
+          const int64_t head = (t * 5 + j * 3) % c.hq, d = (t * 37 + j * 11) % c.hd;
+          f[static_cast<size_t>((t * c.hq + head) * c.hd + d)] = big[j];
+        }
+      }
+      const auto qb = pack(DType::kBF16, f, 1, static_cast<int64_t>(q_elems));
+      const auto qv = unpack(DType::kBF16, qb, 1, static_cast<int64_t>(q_elems));
+      std::vector<float> qr(qv.begin(), qv.end());
+      int beyond = 0;
+      for (float& x : qr) {
+        beyond += std::fabs(x) > 65504.0f;
+        x = std::clamp(x, -65504.0f, 65504.0f);
+      }
+      ASSERT_EQ(beyond, 4 * n) << what;
+      const size_t page_elems = static_cast<size_t>(h.num_blocks) * c.block_size * c.hk * c.hd;
+      if (kv == DType::kF8E4M3) {
+        auto codes = [&](float scale, uint32_t s) {
+          auto r = random_floats(page_elems, s, -2.0f, 2.0f);
+          std::vector<uint8_t> out(page_elems);
+          for (size_t i = 0; i < page_elems; ++i) out[i] = f32_to_f8e4m3(r[i] / scale);
+          return out;
+        };
+        auto kp = codes(kF8KScale, seed + 1), vp = codes(kF8VScale, seed + 2);
+        expect_one_byte_step_close(run_on_both(gpu(), cpu(), c, h, kp, vp, DType::kBF16, qb, qr, 0, 1.0e-5f, kF8VScale),
+                                   DType::kBF16, what);
+      } else {
+        I8Pages p = i8_pages(c, h.num_blocks, seed + 1);
+        for (float& s : p.ks) s *= 1.0e-3f;
+        expect_one_byte_step_close(
+            run_on_both(gpu(), cpu(), c, h, p.k, p.v, DType::kBF16, qb, qr, 0, 1.0f, 1.0f, &p.ks, &p.vs), DType::kBF16,
+            what);
+      }
+    }
+  }
+}
 
 // kv_write into I8 pages: codes and row scales bit for bit the CPU's
 // (int8_row_quantize), rows of very different magnitudes, a zero row, a

@@ -198,6 +198,15 @@ __device__ __forceinline__ uint32_t e4m3x2_to_half2_bits(uint32_t pair) {
   return static_cast<uint32_t>(r.x) | static_cast<uint32_t>(r.y) << 16;
 }
 
+// lo and hi rounded to half (lo in the low 16 bits), saturating at
+// +-65504 where __floats2half2_rn would give infinities (NaN stays NaN):
+// BF16 q rounded to half for the one-byte pages' f16 products stays finite.
+__device__ __forceinline__ uint32_t f32x2_to_half2_bits_satfinite(float lo, float hi) {
+  uint32_t r;
+  asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
 // Four E4M3 codes of a word as fp32 (exact), lowest byte first.
 __device__ __forceinline__ void e4m3x4_to_float(uint32_t w, float out[4]) {
 #pragma unroll

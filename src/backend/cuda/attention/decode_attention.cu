@@ -411,7 +411,8 @@ __device__ __forceinline__ int tile_offset(int r, int c) {
 // KvT = T (16-bit pages) or KvF8 (F8_E4M3 pages). F8 pages: the tiles are
 // copied as they are (kHd bytes a row) and their fragments converted to
 // half in registers (exact), so both products are f16 MMAs: q is rounded
-// to half (exact for bf16 values of magnitude 2^-14 to 65504), P to half,
+// to half (exact for bf16 values of magnitude 2^-14 to 65504; beyond, it
+// saturates at +-65504 rather than overflow to an infinity), P to half,
 // the K scale goes on the fp32 scores and the V scale on the output. The
 // fragments take the head dims in another order than the 16-bit pages',
 // the same for both operands of a product (a dot product does not depend
@@ -603,8 +604,8 @@ __global__ void __launch_bounds__(kMmaThreads) mma_decode_kernel(PagedAttentionA
       if (g < hr.rows) {
         if constexpr (k8) {  // dims 16 kk + 4 qd + (0, 1) and (2, 3) (kernel comment)
           const T* r = q + g * kHd + 16 * kk + 4 * qd;
-          qa[kk][0] = M::pack(to_float(r[0]), to_float(r[1]));
-          qa[kk][1] = M::pack(to_float(r[2]), to_float(r[3]));
+          qa[kk][0] = f32x2_to_half2_bits_satfinite(to_float(r[0]), to_float(r[1]));
+          qa[kk][1] = f32x2_to_half2_bits_satfinite(to_float(r[2]), to_float(r[3]));
         } else {
           const T* r = q + g * kHd + 16 * kk + 2 * qd;
           qa[kk][0] = M::pack(to_float(r[0]), to_float(r[1]));

@@ -453,7 +453,7 @@ struct WgRows {
           qa[kk][e] = x;
         } else {
           const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&x));
-          asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;\n" : "=r"(qa[kk][e]) : "f"(f.y), "f"(f.x));
+          qa[kk][e] = f32x2_to_half2_bits_satfinite(f.x, f.y);
         }
       }
     }
