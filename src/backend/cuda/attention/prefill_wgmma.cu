@@ -368,6 +368,35 @@ struct KvPages {
       }
     }
   }
+  // rows_of in two halves, for a caller that has the page-table entries
+  // some other way (copy_kv_items_8: copied an item ahead): the entries of
+  // those keys ...
+  template <int kKeys, bool kPow2>
+  __device__ __forceinline__ void entries_of(int k0, int step, int hi, int* entry) const {
+    int pg[kKeys];
+#pragma unroll
+    for (int n = 0; n < kKeys; ++n) pg[n] = page_of<kPow2>(min(k0 + step * n, hi - 1));
+#pragma unroll
+    for (int n = 0; n < kKeys; ++n) entry[n] = pages[pg[n]];
+  }
+  // ... and rows (and scales) from them.
+  template <int kKeys, bool kPow2>
+  __device__ __forceinline__ void rows_from(int k0, int step, int hi, const int* entry, int* rows,
+                                            int* scales = nullptr) const {
+#pragma unroll
+    for (int n = 0; n < kKeys; ++n) {
+      const int kp = k0 + step * n;
+      const int pg = page_of<kPow2>(min(kp, hi - 1));
+      rows[n] = kp < hi ? row_in(entry[n], pg, kp) : -1;
+      if (scales != nullptr) {
+        scales[n] = kp < hi ? ops::kv_row_scale_index_at<int>(entry[n], kp - pg * bs, kvh, a.hk, bs) : 0;
+      }
+    }
+  }
+  template <bool kPow2>
+  __device__ __forceinline__ int page_of(int kp) const {
+    return kPow2 ? kp >> bs_shift : kp / bs;
+  }
 };
 
 // Address of chunk c of K/V row `row`, given chunk_base = the cache's first
@@ -855,8 +884,9 @@ struct WsLayout {
   static constexpr uint32_t kOffSlot = kOffQ + HdTiles<kHd>::kQTile;  // slot s: one K or V tile
   static constexpr uint32_t kOffStage = kOffSlot + kSlots * kKvTile;  // [kStages][kStageItem]
   static constexpr uint32_t kOffScale = kOffStage + (kKv8 ? kStages * kStageItem : 0);  // I8: float [kStages][kN]
+  static constexpr uint32_t kOffEnt = kOffScale + (kKv8 == 2 ? kStages * kN * 4 : 0);  // one-byte: int [kN]
   // uint64_t full[kSlots], empty[kSlots]
-  static constexpr uint32_t kOffBar = kOffScale + (kKv8 == 2 ? kStages * kN * 4 : 0);
+  static constexpr uint32_t kOffBar = kOffEnt + (kKv8 ? kN * 4 : 0);
   static constexpr uint32_t kOffHi = kOffBar + 2 * kSlots * 8;  // int [12]: per-warp largest key bound
   static constexpr uint32_t kOffLo = kOffHi + (kWsThreads / 32) * 4;  // int [12]: per-warp smallest first key
   static constexpr uint32_t kSmemBytes = kOffLo + (kWsThreads / 32) * 4 + 1024;
@@ -1078,6 +1108,7 @@ __device__ __forceinline__ void copy_kv_items_8(const PagedAttentionArgs& a, con
   constexpr int kStep = 128 / kByteChunks;  // keys apart: a multiple of 8
   constexpr int kKeys = kN / kStep;         // keys of this thread an item
   static_assert(kStep % 8 == 0 && kKeys * 128 * 16 == static_cast<int>(L::kStageItem), "copy pattern");
+  static_assert(kKeys == kByteChunks, "a key's lanes copy its tile's page-table entries, one each");
   const KvPages<uint8_t> kv(a, b.seq, b.kvh);
   const int c = b.tid & (kByteChunks - 1);
   const int j0 = static_cast<int>(static_cast<unsigned>(b.tid) / kByteChunks);  // (key % 8): j0 % 8 for all its keys
@@ -1087,20 +1118,38 @@ __device__ __forceinline__ void copy_kv_items_8(const PagedAttentionArgs& a, con
   const char* chunk_v = reinterpret_cast<const char*>(kv.v) + c * 16;
   unsigned char* stage = b.smem + L::kOffStage + b.tid * 16;
   float* scales = reinterpret_cast<float*>(b.smem + L::kOffScale);  // I8: [kStages][kN]
+  int* sEnt = reinterpret_cast<int*>(b.smem + L::kOffEnt);           // [kN]: page-table entries of a tile's keys
   const uint32_t items = 2u * static_cast<uint32_t>(nt);
   auto copy_items = [&](auto pow2) {
     constexpr bool kPow2 = decltype(pow2)::value;
     int rows[kKeys];    // K/V row of this thread's keys of the tile
-    int srows[kKeys];  // I8: their row scales' index (KvPages::rows_of)
+    int srows[kKeys];  // I8: their row scales' index (KvPages::rows_from)
+    auto keys_of = [&](uint32_t t) { return key0 + static_cast<int>(t) * kN + j0; };
     // Item i's copies into staging part i % kStages, committed as one
     // group (an empty group past the last item, so that every wait below
     // counts the same); item 2 t finds the rows of tile t, item 2 t + 1
-    // (issued next) reuses them.
+    // (issued next) reuses them. The rows come from page-table entries in
+    // sEnt: tile 0's copied and waited for before the first item, tile
+    // t + 1's copied with item 2 t's group, which the lanes wait for (and
+    // __syncwarp) an iteration before item 2 t + 2 reads them, so the
+    // copying thread does not wait for a dependent global load before each
+    // K item.
+    // Tile t's page-table entries into sEnt, one a lane: lane c of keys
+    // j0 + kStep n copies key j0 + kStep c's (kKeys == kByteChunks).
+    auto copy_entries = [&](uint32_t t) {
+      const int kp = min(keys_of(t) + c * kStep, tile_hi - 1);
+      cp_async4(sEnt + j0 + c * kStep, kv.pages + kv.template page_of<kPow2>(kp), 4);
+    };
     auto issue = [&](uint32_t i) {
       if (i < items) {
         if ((i & 1) == 0) {
-          kv.template rows_of<kKeys, kPow2>(key0 + static_cast<int>(i >> 1) * kN + j0, kStep, tile_hi, rows,
-                                            kI8 ? srows : nullptr);
+          const uint32_t t = i >> 1;
+          int entry[kKeys];
+#pragma unroll
+          for (int n = 0; n < kKeys; ++n) entry[n] = sEnt[j0 + n * kStep];
+          kv.template rows_from<kKeys, kPow2>(keys_of(t), kStep, tile_hi, entry, rows, kI8 ? srows : nullptr);
+          __syncwarp();  // the lanes have read sEnt before it is refilled
+          if (t + 1 < static_cast<uint32_t>(nt)) copy_entries(t + 1);
         }
         const char* chunk_base = (i & 1) ? chunk_v : chunk_k;
         unsigned char* dst = stage + (i % kStages) * L::kStageItem;
@@ -1121,12 +1170,16 @@ __device__ __forceinline__ void copy_kv_items_8(const PagedAttentionArgs& a, con
       }
       cp_async_commit();
     };
+    copy_entries(0);  // nt > 0
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncwarp();
 #pragma unroll
     for (int i = 0; i < kStages; ++i) issue(i);
     for (uint32_t i = 0; i < items; ++i) {
       const uint32_t st = i % L::kSlots;
       cp_async_wait<kStages - 1>();  // item i landed; the next kStages - 1 may still be in flight
-      if constexpr (kI8) __syncwarp();  // the scales copied by the key's lane c = 0
+      __syncwarp();  // and what the key's lane c = 0 copied with it: the scales (I8), sEnt
       if (i >= L::kSlots) wgmma::mbar_wait(empty_bar + 8 * st, ((i / L::kSlots) - 1) & 1u);
       const unsigned char* src = stage + (i % kStages) * L::kStageItem;
       unsigned char* dst = b.smem + L::kOffSlot + st * L::kKvTile;
