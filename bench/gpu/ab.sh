@@ -18,7 +18,9 @@
 # into $OUT/ab.tgz and the folder removed: the device tool brings back only
 # a few files. $OUT/ab.log holds the steps, their times and exit status.
 # Binaries are copied out of the build folder, which works because the
-# osprey libraries link statically. Every patch is checked to apply before
+# osprey libraries link statically. The objects a patch's rebuild made are
+# deleted after it, so the next build of the folder compiles the tree as it
+# is again. Every patch is checked to apply before
 # anything is built.
 # AB_BUILD_CMD / AB_REBUILD_CMD / AB_BUILD_DIR / AB_BIN_DIR replace the build
 # of A, the rebuild of a patched variant (the binaries' names appended), the
@@ -100,6 +102,8 @@ for i in "${!patches[@]}"; do
   p=${patches[$i]}
   v=${letters[$i]}
   git apply "$p" || { say "git apply $p failed"; exit 1; }
+  mark=$dir/.built_before_$v
+  touch "$mark"
   if [[ -n "${AB_REBUILD_CMD:-}" ]]; then
     bash -c "$AB_REBUILD_CMD ${bins[*]}" >"$dir/build_$v.log" 2>&1
   else
@@ -107,6 +111,11 @@ for i in "${!patches[@]}"; do
   fi
   rc=$?
   git apply -R "$p" || { say "could not take $p back out"; exit 1; }
+  # The objects built from the patched sources go: otherwise a later build
+  # in this folder (the next device call on a warm machine, whose copy of
+  # the tree keeps the sources' older times) would keep linking them
+  # (the binaries are linked: keep copies them below).
+  find "$bdir" -name '*.o' -newer "$mark" -delete
   say "build $v ($p) rc=$rc"
   [[ $rc -eq 0 ]] || { grep -E "error|FAILED" -A3 "$dir/build_$v.log" | head -30 | tee -a "$log"; exit 1; }
   keep "$v" || exit 1

@@ -4,7 +4,8 @@ the value in src/val.txt into a tool script, and two patches that change
 the value. Checks that A runs the tree as it is and B and C the trees with
 each patch, each entry's environment and arguments (a gtest-like pattern
 passed literally, not globbed), rounds alternating the variants, AB_TEST
-running every variant's gpu_tests (A's too), the patches taken back out,
+running every variant's gpu_tests (A's too), the patches taken back out
+and the objects their rebuilds made deleted,
 the outputs packed into OUT/ab.tgz, and a patch that does not apply
 refused before any build. Needs no GPU; bash, git and the standard
 library only.
@@ -38,6 +39,8 @@ cat > bdir/sub/gpu_tests <<EOF
 echo "[  PASSED  ] val=$v \$*"
 EOF
 chmod +x bdir/sub/gpu_tests
+sleep 0.05  # past the coarse file clock: the object is newer than ab.sh's mark
+echo "$v" > bdir/sub/val.o
 echo "build $*" >> builds.txt
 """
 
@@ -72,13 +75,16 @@ def main():
 
         out = os.path.join(d, "out")
         bins = os.path.join(d, "bins")
-        env = dict(os.environ, OUT=out, AB_PATCH="change.diff other.diff", AB_BUILD_CMD="bash build.sh",
+        env = dict(os.environ, OUT=out, AB_PATCH="change.diff other.diff", AB_BUILD_CMD="bash build.sh && touch bdir/sub/base.o",
                    AB_REBUILD_CMD="bash build.sh", AB_BUILD_DIR="bdir", AB_BIN_DIR=bins,
                    AB_RUNS="one|FOO=x|tool a b;two||tool --f=*x*", AB_ROUNDS="2")
         p = subprocess.run(["bash", TOOL], cwd=repo, env=env, capture_output=True, timeout=60)
         check(p.returncode == 0, f"exit 0 (got {p.returncode}: {p.stdout.decode()} {p.stderr.decode()})")
         with open(os.path.join(repo, "src", "val.txt")) as f:
             check(f.read() == "1\n", "the patch is taken back out")
+        check(not os.path.exists(os.path.join(repo, "bdir", "sub", "val.o")),
+              "the objects a patch's rebuild made are deleted (the next build compiles the tree again)")
+        check(os.path.exists(os.path.join(repo, "bdir", "sub", "base.o")), "A's objects are kept")
         with open(os.path.join(repo, "builds.txt")) as f:
             builds = f.read().split("\n")
         check(builds[:3] == ["build ", "build tool", "build tool"],
