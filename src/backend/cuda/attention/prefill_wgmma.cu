@@ -1086,17 +1086,38 @@ __device__ __forceinline__ void widen_i8x16(const uint4& w, float sc, uint4& lo,
   hi = make_uint4(out[4], out[5], out[6], out[7]);
 }
 
+// The thread whose staged codes thread p widens in copy_kv_items_8. Head
+// dim 128 (8 byte chunks a key, c = p % 8): lanes with c >= 4 take those
+// of the other key of their pair (p / 8 XOR 1), so each quarter-warp (the
+// 8 lanes one 16-byte shared access serves at a time) widens chunks 0..3
+// of one key and 4..7 of a key of the other parity. Its 16-bit stores,
+// chunks 2 c and 2 c + 1 XORed with the rows' swizzle, then fall in 8
+// distinct 16-byte bank groups, and its staging loads still do (c = p % 8
+// spans the 8). Widening its own codes, a quarter-warp stored one key's
+// chunks, whose even 16-bit chunks met in 4 bank groups: a two-way
+// conflict on every store (ncu, session 33: 9.6 M conflicts at a 4k FP8
+// prompt). The copies stay one key's 128 bytes a quarter-warp: with the
+// lanes remapped for the copies too the conflicts fell to 1.5 M but the
+// kernel was 6-7% slower (session 33). Head_dim 64 (4 chunks a key): a
+// quarter-warp already spans two keys; pw = p.
+template <int kByteChunks>
+__device__ __forceinline__ int ws_widen_thread(int p) {
+  static_assert(kByteChunks == 8 || kByteChunks == 4, "head_dim 64 or 128");
+  return kByteChunks == 8 ? p ^ ((p & 4) << 1) : p;
+}
+
 // copy_kv_items for one-byte pages (kKv8: 1 F8_E4M3, 2 I8; WsLayout<kKv8,
 // kHd>; the scheme is in the comment above kWsThreads). Thread p owns byte
 // chunk c = p % 8 (values 16 c .. 16 c + 15) of keys p / 8 + 16 n (n =
 // 0..7) of every item (at head_dim 64: c = p % 4 of keys p / 4 + 32 n, n =
 // 0..3): its staging share is 16 bytes at (n * 128 + p) * 16 of a staging
-// half, and it widens them into 16-bit chunks 2 c and 2 c + 1 of those
-// rows. I8: the thread with c = 0 also copies its keys' row scales of the
-// item (K scales for K items, V for V) into the item's scale half; the
-// lanes of a key (the same warp) read them after a __syncwarp. kF16: the
-// type the codes widen to (F16, else BF16): F16 for E4M3 codes; for I8,
-// q's type (q * s can pass F16's range).
+// half. It widens the share of thread pw = ws_widen_thread(p) (of its
+// warp: the same chunk c, of keys pw / 8 + 16 n) into 16-bit chunks 2 c
+// and 2 c + 1 of those rows. I8: the thread with c = 0 also copies its
+// keys' row scales of the item (K scales for K items, V for V) into the
+// item's scale half; the lanes of a key (the same warp) read them after a
+// __syncwarp. kF16: the type the codes widen to (F16, else BF16): F16 for
+// E4M3 codes; for I8, q's type (q * s can pass F16's range).
 template <bool kF16, int kHd, int kKv8>
 __device__ __forceinline__ void copy_kv_items_8(const PagedAttentionArgs& a, const WgBlock& b, int key0, int tile_hi,
                                                 int nt, uint32_t full_bar, uint32_t empty_bar) {
@@ -1112,11 +1133,14 @@ __device__ __forceinline__ void copy_kv_items_8(const PagedAttentionArgs& a, con
   const KvPages<uint8_t> kv(a, b.seq, b.kvh);
   const int c = b.tid & (kByteChunks - 1);
   const int j0 = static_cast<int>(static_cast<unsigned>(b.tid) / kByteChunks);  // (key % 8): j0 % 8 for all its keys
-  const uint32_t dst_lo = swz(kN, j0, 2 * c);
-  const uint32_t dst_hi = swz(kN, j0, 2 * c + 1);
+  const int pw = ws_widen_thread<kByteChunks>(b.tid);
+  const int jw = pw / kByteChunks;  // the keys this thread widens: jw + kStep n (chunk c)
+  const uint32_t dst_lo = swz(kN, jw, 2 * c);
+  const uint32_t dst_hi = swz(kN, jw, 2 * c + 1);
   const char* chunk_k = reinterpret_cast<const char*>(kv.k) + c * 16;
   const char* chunk_v = reinterpret_cast<const char*>(kv.v) + c * 16;
   unsigned char* stage = b.smem + L::kOffStage + b.tid * 16;
+  const unsigned char* wstage = b.smem + L::kOffStage + pw * 16;  // the staging share it widens
   float* scales = reinterpret_cast<float*>(b.smem + L::kOffScale);  // I8: [kStages][kN]
   int* sEnt = reinterpret_cast<int*>(b.smem + L::kOffEnt);           // [kN]: page-table entries of a tile's keys
   const uint32_t items = 2u * static_cast<uint32_t>(nt);
@@ -1179,16 +1203,16 @@ __device__ __forceinline__ void copy_kv_items_8(const PagedAttentionArgs& a, con
     for (uint32_t i = 0; i < items; ++i) {
       const uint32_t st = i % L::kSlots;
       cp_async_wait<kStages - 1>();  // item i landed; the next kStages - 1 may still be in flight
-      __syncwarp();  // and what the key's lane c = 0 copied with it: the scales (I8), sEnt
+      __syncwarp();  // and what the warp's other lanes copied: the share it widens, the scales (I8), sEnt
       if (i >= L::kSlots) wgmma::mbar_wait(empty_bar + 8 * st, ((i / L::kSlots) - 1) & 1u);
-      const unsigned char* src = stage + (i % kStages) * L::kStageItem;
+      const unsigned char* src = wstage + (i % kStages) * L::kStageItem;
       unsigned char* dst = b.smem + L::kOffSlot + st * L::kKvTile;
 #pragma unroll
       for (int n = 0; n < kKeys; ++n) {
         uint4 lo, hi;
         const uint4 w = *reinterpret_cast<const uint4*>(src + n * 128 * 16);
         if constexpr (kI8) {
-          widen_i8x16<kF16>(w, scales[(i % kStages) * kN + j0 + n * kStep], lo, hi);
+          widen_i8x16<kF16>(w, scales[(i % kStages) * kN + jw + n * kStep], lo, hi);
         } else {
           static_assert(kF16, "E4M3 codes widen to F16 (the kernel computes in F16 over them)");
           widen_e4m3x16(w, lo, hi);
@@ -1197,12 +1221,12 @@ __device__ __forceinline__ void copy_kv_items_8(const PagedAttentionArgs& a, con
         *reinterpret_cast<uint4*>(dst + dst_hi + n * kStep * 128) = hi;
       }
       // The stores before the computing warpgroups' wgmma reads (they also
-      // fence after their wait), and before this thread's next copies
-      // overwrite the staging part it has just read (I8: and before lane
-      // c = 0 overwrites the scales the key's other lanes have read).
+      // fence after their wait), and before the next copies into the
+      // staging part just read: thread pw's into the share this thread
+      // widened (I8: and lane c = 0's into the scales the keys' lanes read).
       wgmma::fence_proxy_async_shared();
       wgmma::mbar_arrive(full_bar + 8 * st);
-      if constexpr (kI8) __syncwarp();
+      __syncwarp();
       issue(i + kStages);
     }
   };
