@@ -561,6 +561,14 @@ TEST_F(AttentionSplitTest, ForcedSplitsMatch) {
 // needs a smaller scale than V.
 constexpr float kF8KScale = 0.01f, kF8VScale = 0.5f;
 
+// count E4M3 codes of random values in [-2, 2] divided by scale (seed s).
+std::vector<uint8_t> f8_codes(size_t count, float scale, uint32_t s) {
+  const auto f = random_floats(count, s, -2.0f, 2.0f);
+  std::vector<uint8_t> out(count);
+  for (size_t i = 0; i < count; ++i) out[i] = f32_to_f8e4m3(f[i] / scale);
+  return out;
+}
+
 // One step with F8_E4M3 pages (codes of random values in [-2, 2] under
 // kF8KScale / kF8VScale) and q / out of dtype act, against the CPU backend
 // on the same pages and the same (rounded) q. 16-bit act: the tensor-core
@@ -574,13 +582,7 @@ void check_f8(ops::Backend& gpu, ops::Backend& cpu, DType act, Config c, const s
   Batch h(seqs, c.block_size, seed);
   const int64_t n = h.num_tokens();
   const size_t page_elems = static_cast<size_t>(h.num_blocks) * c.block_size * c.hk * c.hd;
-  auto codes = [&](float scale, uint32_t s) {
-    auto f = random_floats(page_elems, s, -2.0f, 2.0f);
-    std::vector<uint8_t> out(page_elems);
-    for (size_t i = 0; i < page_elems; ++i) out[i] = f32_to_f8e4m3(f[i] / scale);
-    return out;
-  };
-  auto kp = codes(kF8KScale, seed + 1), vp = codes(kF8VScale, seed + 2);
+  auto kp = f8_codes(page_elems, kF8KScale, seed + 1), vp = f8_codes(page_elems, kF8VScale, seed + 2);
   RoundedQ q = rounded_q(act, static_cast<size_t>(n * c.hq * c.hd), seed + 3);
   // The CPU reads the same values (e4m3 * scale, fp32).
   expect_one_byte_step_close(
@@ -779,13 +781,7 @@ TEST_F(AttentionTest, OneBytePagesDecodeSaturateBf16QBeyondHalf) {
       ASSERT_EQ(beyond, 4 * n) << what;
       const size_t page_elems = static_cast<size_t>(h.num_blocks) * c.block_size * c.hk * c.hd;
       if (kv == DType::kF8E4M3) {
-        auto codes = [&](float scale, uint32_t s) {
-          auto r = random_floats(page_elems, s, -2.0f, 2.0f);
-          std::vector<uint8_t> out(page_elems);
-          for (size_t i = 0; i < page_elems; ++i) out[i] = f32_to_f8e4m3(r[i] / scale);
-          return out;
-        };
-        auto kp = codes(kF8KScale, seed + 1), vp = codes(kF8VScale, seed + 2);
+        auto kp = f8_codes(page_elems, kF8KScale, seed + 1), vp = f8_codes(page_elems, kF8VScale, seed + 2);
         expect_one_byte_step_close(run_on_both(gpu(), cpu(), c, h, kp, vp, DType::kBF16, qb, qr, 0, 1.0e-5f, kF8VScale),
                                    DType::kBF16, what);
       } else {
