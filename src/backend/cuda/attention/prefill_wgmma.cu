@@ -353,45 +353,28 @@ struct KvPages {
     int pg[kKeys];
     int entry[kKeys];
 #pragma unroll
-    for (int n = 0; n < kKeys; ++n) {
-      const int kp = min(k0 + step * n, hi - 1);
-      pg[n] = kPow2 ? kp >> bs_shift : kp / bs;
-    }
-#pragma unroll
-    for (int n = 0; n < kKeys; ++n) entry[n] = pages[pg[n]];
-#pragma unroll
-    for (int n = 0; n < kKeys; ++n) {
-      const int kp = k0 + step * n;
-      rows[n] = kp < hi ? row_in(entry[n], pg[n], kp) : -1;
-      if (scales != nullptr) {
-        scales[n] = kp < hi ? ops::kv_row_scale_index_at<int>(entry[n], kp - pg[n] * bs, kvh, a.hk, bs) : 0;
-      }
-    }
-  }
-  // rows_of in two halves, for a caller that has the page-table entries
-  // some other way (copy_kv_items_8: copied an item ahead): the entries of
-  // those keys ...
-  template <int kKeys, bool kPow2>
-  __device__ __forceinline__ void entries_of(int k0, int step, int hi, int* entry) const {
-    int pg[kKeys];
-#pragma unroll
     for (int n = 0; n < kKeys; ++n) pg[n] = page_of<kPow2>(min(k0 + step * n, hi - 1));
 #pragma unroll
     for (int n = 0; n < kKeys; ++n) entry[n] = pages[pg[n]];
+#pragma unroll
+    for (int n = 0; n < kKeys; ++n) key_row(k0 + step * n, hi, pg[n], entry[n], rows[n], scales ? scales + n : nullptr);
   }
-  // ... and rows (and scales) from them.
+  // rows_of for a caller that has the keys' page-table entries some other
+  // way (copy_kv_items_8: copied a tile ahead into shared memory).
   template <int kKeys, bool kPow2>
   __device__ __forceinline__ void rows_from(int k0, int step, int hi, const int* entry, int* rows,
                                             int* scales = nullptr) const {
 #pragma unroll
     for (int n = 0; n < kKeys; ++n) {
       const int kp = k0 + step * n;
-      const int pg = page_of<kPow2>(min(kp, hi - 1));
-      rows[n] = kp < hi ? row_in(entry[n], pg, kp) : -1;
-      if (scales != nullptr) {
-        scales[n] = kp < hi ? ops::kv_row_scale_index_at<int>(entry[n], kp - pg * bs, kvh, a.hk, bs) : 0;
-      }
+      key_row(kp, hi, page_of<kPow2>(min(kp, hi - 1)), entry[n], rows[n], scales ? scales + n : nullptr);
     }
+  }
+  // Key kp's row (-1 from hi on) and, scale != nullptr, its row scale's
+  // index (0 from hi on), given its page number pg and that page's entry.
+  __device__ __forceinline__ void key_row(int kp, int hi, int pg, int entry, int& row, int* scale) const {
+    row = kp < hi ? row_in(entry, pg, kp) : -1;
+    if (scale != nullptr) *scale = kp < hi ? ops::kv_row_scale_index_at<int>(entry, kp - pg * bs, kvh, a.hk, bs) : 0;
   }
   template <bool kPow2>
   __device__ __forceinline__ int page_of(int kp) const {
