@@ -35,4 +35,5 @@ OUT=$o AB_PATCH="bench/results/gpu/s34/i8_f16_widen.diff bench/results/gpu/s34/p
   AB_TEST='AttentionTest.I8Pages*:PrefillAttention.WgmmaTmaQ*:PrefillAttention.WgmmaTileBoundaries:PrefillAttention.RepeatableBitForBit' \
   AB_RUNS="i8||$mb --kv-cache-dtype int8;i8s||$m1 --kv-cache-dtype int8;f8||$mb --kv-cache-dtype fp8;bf||$mb;pb128|$k OSPREY_BENCH_CASES=4096,8192|$pb;pb64|$k OSPREY_BENCH_HEADS=32,8,64 OSPREY_BENCH_CASES=4096,8192|$pb" \
   AB_ROUNDS=2 timeout 470 bash bench/gpu/ab.sh
-echo "ab rc=$? at $SECONDS" | tee -a $o/summary.txt; grep -E "PASSED|FAILED|rc=[1-9]" $o/ab.log | tee -a $o/summary.txt; pack
+echo "ab rc=$? at $SECONDS" | tee -a $o/summary.txt; grep -E "PASSED|FAILED|rc=[1-9]" $o/ab.log | tee -a $o/summary.txt
+python3 bench/gpu/ab_table.py $o/ab.tgz | tee $o/ab_table.md; pack
