@@ -20,32 +20,26 @@ import sys
 import tarfile
 
 NAME = re.compile(r"^(?P<tag>.+)_(?P<v>[A-H])_r(?P<r>\d+)\.txt$")
-BENCH = re.compile(r"^(?P<tokens>\S+)\s+(?P<dtype>(?:bf16|f16)(?:\+f8)?)\s+(?P<kernel>\S+)\s+"
-                   r"(?P<ms>[\d.]+)\s+(?P<tflops>[\d.]+)\s*$")
-TTFT = re.compile(r"^TTFT, one (?P<n>\d+)-token prompt: (?P<ms>[\d.]+) ms")
-ATTN = re.compile(r"^\s+paged_attention\s+\d+\s+(?P<ms>[\d.]+)\s")
-DECODE = re.compile(r"^\s+(?P<ctx>\d+)\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+[\d.]+%\s+graph replay: (?P<ms>[\d.]+) ms/step")
+# (pattern, its value in group "v"; the case a match names; the unit)
+PATTERNS = [
+    (re.compile(r"^(?P<tokens>\S+)\s+(?P<dtype>(?:bf16|f16)(?:\+f8)?)\s+(?P<kernel>\S+)\s+[\d.]+\s+(?P<v>[\d.]+)\s*$"),
+     lambda m: f"{m['tokens']} {m['dtype']} {m['kernel']}", "TFLOP/s"),
+    (re.compile(r"^TTFT, one (?P<n>\d+)-token prompt: (?P<v>[\d.]+) ms"), lambda m: f"TTFT({m['n']})", "ms"),
+    (re.compile(r"^\s+paged_attention\s+\d+\s+(?P<v>[\d.]+)\s"), lambda m: "prompt paged_attention", "ms"),
+    (re.compile(r"^\s+(?P<ctx>\d+)\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+[\d.]+%\s+graph replay: (?P<v>[\d.]+) ms/step"),
+     lambda m: f"decode {m['ctx']} graph", "ms"),
+]
 
 
 def figures(text):
     """(case, value, unit) of one run's output, in the order they appear."""
     out = []
     for line in text.splitlines():
-        m = BENCH.match(line)
-        if m:
-            out.append((f"{m['tokens']} {m['dtype']} {m['kernel']}", float(m["tflops"]), "TFLOP/s"))
-            continue
-        m = TTFT.match(line)
-        if m:
-            out.append((f"TTFT({m['n']})", float(m["ms"]), "ms"))
-            continue
-        m = ATTN.match(line)
-        if m:
-            out.append(("prompt paged_attention", float(m["ms"]), "ms"))
-            continue
-        m = DECODE.match(line)
-        if m:
-            out.append((f"decode {m['ctx']} graph", float(m["ms"]), "ms"))
+        for pattern, case, unit in PATTERNS:
+            m = pattern.match(line)
+            if m:
+                out.append((case(m), float(m["v"]), unit))
+                break
     return out
 
 
@@ -73,25 +67,16 @@ def fmt(x):
 
 def table(runs):
     """Markdown lines: | run | case | unit | A | B ... |."""
-    values = {}  # (tag, case) -> {variant: [values]}
-    units = {}
-    order = []
+    rows = {}  # (tag, case, unit) -> {variant: [values]}, in the order first seen
     variants = set()
     for name in sorted(runs, key=lambda n: (int(NAME.match(n)["r"]), n)):
         m = NAME.match(name)
-        tag, v = m["tag"], m["v"]
-        variants.add(v)
+        variants.add(m["v"])
         for case, value, unit in figures(runs[name]):
-            key = (tag, case)
-            if key not in values:
-                values[key] = {}
-                units[key] = unit
-                order.append(key)
-            values[key].setdefault(v, []).append(value)
+            rows.setdefault((m["tag"], case, unit), {}).setdefault(m["v"], []).append(value)
     cols = sorted(variants)
     lines = ["| run | case | unit | " + " | ".join(cols) + " |", "| --- | --- | --- |" + " ---: |" * len(cols)]
-    for key in order:
-        per = values[key]
+    for key, per in rows.items():
         base = per.get("A")
         cells = []
         for v in cols:
@@ -106,7 +91,7 @@ def table(runs):
                 change = (sum(xs) / len(xs) / mean_a - 1.0) * 100.0 if mean_a else 0.0
                 cell += f" ({change:+.1f}%)"
             cells.append(cell)
-        lines.append(f"| {key[0]} | {key[1]} | {units[key]} | " + " | ".join(cells) + " |")
+        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | " + " | ".join(cells) + " |")
     return lines
 
 
