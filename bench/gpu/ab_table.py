@@ -101,7 +101,10 @@ def main():
     path = sys.argv[1]
     if not os.path.exists(path):
         sys.exit(f"ab_table.py: no {path}")
-    runs = read_runs(path)
+    try:
+        runs = read_runs(path)
+    except (tarfile.TarError, OSError) as e:
+        sys.exit(f"ab_table.py: cannot read {path}: {e}")
     if not runs:
         sys.exit(f"ab_table.py: no TAG_V_rN.txt outputs in {path}")
     print("\n".join(table(runs)))

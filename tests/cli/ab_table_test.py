@@ -4,7 +4,8 @@ files packed as ab.tgz): prefill-bench rows and model_bench's TTFT, prompt
 attention and graph-replay decode lines become one row per (run, case)
 with a column per variant, each cell the range over the rounds and, after
 A, the change of the mean against A's; unknown lines are left out; no
-outputs is an error. Needs no GPU; standard library only.
+outputs, a missing path and a broken ab.tgz are errors. Needs no GPU;
+standard library only.
 Usage: ab_table_test.py REPO_ROOT
 """
 import os
@@ -92,6 +93,11 @@ with tempfile.TemporaryDirectory() as tmp:
     os.mkdir(empty)
     rc, out, err = run_command([sys.executable, TOOL, empty])
     check(rc != 0 and "no TAG_V_rN.txt" in err, f"no outputs: an error (rc {rc}, {err.strip()})")
+    bad = os.path.join(tmp, "bad.tgz")
+    with open(bad, "wb") as f:
+        f.write(b"not a tar file")
+    rc, out, err = run_command([sys.executable, TOOL, bad])
+    check(rc != 0 and "cannot read" in err and "Traceback" not in err, f"a broken ab.tgz: an error (rc {rc}, {err.strip()})")
     rc, out, err = run_command([sys.executable, TOOL, os.path.join(tmp, "missing")])
     check(rc != 0 and "no " in err, f"a missing path: an error (rc {rc})")
 
