@@ -528,6 +528,50 @@ TEST_F(PrefillAttention, WgmmaTmaPageSizes) {
   }
 }
 
+// The warp-specialised variants' q tile by the bulk tensor copy engine
+// (where G divides the block's 128 rows; OSPREY_PREFILL_TMA_Q=0 turns it
+// off) against float64 and bit for bit against every thread's cp.async of
+// it: tile and sequence boundaries (a block's rows past its sequence read
+// the next sequence's q, masked; past the step's last token, zeros), G 1 /
+// 2 / 4 / 8 and 3 (no TMA), head_dim 64 and 128, BF16 and F16, F8_E4M3
+// pages, a window.
+TEST_F(PrefillAttention, WgmmaTmaQMatchesCpAsyncQ) {
+  if (!cuda::prefill_wgmma_available()) GTEST_SKIP() << "needs an sm_90 device and sm_90a code";
+  const std::vector<Seq> seqs = {{127, 0}, {129, 0}, {1, 127}, {33, 224}, {257, 255}, {2, 0}, {300, 20}, {31, 8}};
+  struct Case {
+    Heads h;
+    DType dt;
+    F8Pages f8;
+  };
+  const std::vector<Case> cases = {
+      {{32, 8, 128, 0}, DType::kBF16, F8Pages::kNone}, {{8, 8, 128, 0}, DType::kBF16, F8Pages::kNone},
+      {{8, 1, 128, 0}, DType::kF16, F8Pages::kNone},   {{16, 8, 64, 0}, DType::kBF16, F8Pages::kNone},
+      {{9, 3, 64, 0}, DType::kBF16, F8Pages::kNone},   {{32, 8, 128, 0}, DType::kBF16, F8Pages::kRandom},
+      {{32, 8, 64, 0}, DType::kF16, F8Pages::kRandom}, {{8, 2, 128, 200}, DType::kBF16, F8Pages::kNone},
+  };
+  uint32_t seed = 1300;
+  for (const auto& c : cases) {
+    Problem pb(gpu(), c.h, seqs, 16, seed += 3, 0.0f, c.dt, c.f8);
+    const bool tma_q = 128 % (c.h.hq / c.h.hk) == 0;
+    EXPECT_EQ(cuda::prefill_wgmma_q_tma(pb.args()), tma_q) << tag(c.h, 16, 0);
+    for (int variant : {kWgmma - 1, kWgmma - 2}) {  // variants 2 and 3
+      const std::string what = tag(c.h, 16, variant) + (c.f8 == F8Pages::kRandom ? " F8 pages" : "");
+      ASSERT_TRUE(pb.runs(variant)) << what;
+      pb.poison();
+      pb.run(gpu(), variant);
+      pb.check(gpu(), 5, what);
+      const auto with = pb.output(gpu());
+      ASSERT_EQ(setenv("OSPREY_PREFILL_TMA_Q", "0", 1), 0);
+      EXPECT_FALSE(cuda::prefill_wgmma_q_tma(pb.args())) << what;
+      pb.poison();
+      pb.run(gpu(), variant);
+      ASSERT_EQ(unsetenv("OSPREY_PREFILL_TMA_Q"), 0);
+      if (HasFatalFailure()) return;
+      EXPECT_TRUE(pb.output(gpu()) == with) << what << ": q by TMA and by cp.async differ";
+    }
+  }
+}
+
 // Which wgmma variants take which pages and heads: 16-bit pages in every
 // variant at head_dim 128; head_dim 64, sliding windows, F8_E4M3 pages and
 // I8 pages (with their row scales) only in the warp-specialised variants 2

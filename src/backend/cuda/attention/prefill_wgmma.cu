@@ -872,7 +872,9 @@ struct WsLayout {
   static constexpr uint32_t kOffBar = kOffEnt + (kKv8 ? kN * 4 : 0);
   static constexpr uint32_t kOffHi = kOffBar + 2 * kSlots * 8;  // int [12]: per-warp largest key bound
   static constexpr uint32_t kOffLo = kOffHi + (kWsThreads / 32) * 4;  // int [12]: per-warp smallest first key
-  static constexpr uint32_t kSmemBytes = kOffLo + (kWsThreads / 32) * 4 + 1024;
+  static constexpr uint32_t kOffQBar = kOffLo + (kWsThreads / 32) * 4;  // uint64_t: the Q tile landed (q_tma)
+  static constexpr uint32_t kSmemBytes = kOffQBar + 8 + 1024;
+  static_assert(kOffQBar % 8 == 0, "mbarrier alignment");
   static_assert(kOffSlot % 1024 == 0 && kKvTile % 1024 == 0, "swizzle atoms on 1024-byte boundaries");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per block");
 };
@@ -1243,7 +1245,8 @@ __device__ __forceinline__ void copy_kv_items_8(const PagedAttentionArgs& a, con
 template <bool kF16, bool kPingpong, int kKv8, int kHd, bool kTma>
 __global__ void __launch_bounds__(kWsThreads, 1)
     prefill_wgmma_ws_kernel(PagedAttentionArgs a, int tiles_per_seq, const __grid_constant__ CUtensorMap tmk,
-                            const __grid_constant__ CUtensorMap tmv) {
+                            const __grid_constant__ CUtensorMap tmv, const __grid_constant__ CUtensorMap tmq,
+                            int q_tma) {
   static_assert(!kTma || kKv8 == 0, "TMA copies pages of the 16-bit type");
 #if OSP_WGMMA_DEVICE
   using T = std::conditional_t<kF16, __half, __nv_bfloat16>;
@@ -1269,21 +1272,44 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   const int wg = b.warp >> 2;          // 0: copies; 1, 2: rows 64 (wg - 1) ..
   const int wrow = 16 * (b.warp - 4);  // first block row of a computing warp
 
-  // q -> sQ by all threads.
-  load_q<T, kHd, kWsThreads>(a, b);
-  cp_async_commit();
-  int hi[2], lo[2];
-  key_bounds(a, b, wrow, wg > 0, hi, sHi, lo, sLo);
-  if (tid == 0) {
+  // q -> sQ: with q_tma (a launch-wide choice: q_tensor_map) thread 0
+  // has the bulk tensor copy engine bring it, one box a 64-element panel
+  // (rows token x head of the group, as the block's rows; tokens past the
+  // step's are zeros, those of the next sequence are masked like any row
+  // past the sequence), completing on the Q barrier, which only the
+  // computing warpgroups wait for: the block barrier below no longer waits
+  // for q, so the copying warpgroup starts the first K/V tile as soon as the
+  // key bounds are known. Else every thread copies its share (load_q).
+  const uint32_t q_bar = b.sbase + L::kOffQBar;
+  auto init_bars = [&] {
     for (int st = 0; st < kWsSlots; ++st) {
       wgmma::mbar_init(full_bar + 8 * st, kTma ? 1 : 128);  // one arrival per copying thread (kTma: one)
       wgmma::mbar_init(empty_bar + 8 * st, 8);   // one arrival per computing warp
     }
+    wgmma::mbar_init(q_bar, 1);
     wgmma::fence_mbar_init();
+  };
+  if (q_tma != 0) {
+    if (tid == 0) {
+      init_bars();
+      wgmma::mbar_arrive_expect_tx(q_bar, HdTiles<kHd>::kQTile);
+      const int group = b.rows.group;
+#pragma unroll
+      for (int p = 0; p < HdTiles<kHd>::kPanels; ++p) {
+        wgmma::tma_load_3d(b.sbase + kOffQ + static_cast<uint32_t>(p) * kQPanel, &tmq, 64 * p, b.kvh * group,
+                           b.rows.q_begin + b.rows.row0 / group, q_bar);
+      }
+    }
+  } else {
+    load_q<T, kHd, kWsThreads>(a, b);
+    cp_async_commit();
   }
+  int hi[2], lo[2];
+  key_bounds(a, b, wrow, wg > 0, hi, sHi, lo, sLo);
+  if (q_tma == 0 && tid == 0) init_bars();
   cp_async_wait<0>();
   wgmma::fence_proxy_async_shared();
-  __syncthreads();  // sQ, sHi, sLo, barriers
+  __syncthreads();  // sQ (q_tma: not yet), sHi, sLo, barriers
   // Key tiles t0 .. of the sequence (t0 > 0 only under a sliding window),
   // counted from 0 below: tile t holds keys key0 + t kN ..
   const int tile_hi = block_key_bound<kWsThreads / 32>(sHi);
@@ -1312,6 +1338,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     uint32_t pa[8][4];
     float m[2], l[2];
     WgRows<kCF16, kHd> w(o, s, pa, m, l, hi, lo, kKv8 != 0 ? a.scale * a.k_scale : a.scale);
+    if (q_tma != 0) wgmma::mbar_wait(q_bar, 0);
     w.template load_q<kF16>(b.smem + kOffQ, wrow, b.g, b.t4);
     // Turns (kPingpong): warpgroup cw waits on barrier 1 + cw before issuing
     // and then releases the other's; warpgroup 1 opens warpgroup 0's first
@@ -1381,6 +1408,8 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   (void)tiles_per_seq;
   (void)tmk;
   (void)tmv;
+  (void)tmq;
+  (void)q_tma;
   __trap();  // not built for sm_90a: launch_prefill_attention_wgmma never launches this
 #endif
 }
@@ -1415,7 +1444,7 @@ namespace {
 // The warp-specialised kernel (variant 2, or 3 with kPingpong) for a's
 // head_dim and dtypes (tma: the bulk-tensor-copy build for pages of the
 // 16-bit type), with its layout's shared memory.
-using WsKernel = void (*)(PagedAttentionArgs, int, CUtensorMap, CUtensorMap);
+using WsKernel = void (*)(PagedAttentionArgs, int, CUtensorMap, CUtensorMap, CUtensorMap, int);
 struct WsLaunch {
   WsKernel kernel;
   uint32_t smem;
@@ -1503,7 +1532,39 @@ bool kv_tensor_maps(const PagedAttentionArgs& a, CUtensorMap& k, CUtensorMap& v)
   return one(k, a.k_cache) && one(v, a.v_cache);
 }
 
+// The tensor map of a's q for the warp-specialised kernel's Q tile:
+// [tokens][hq][hd] elements, boxes of 64 elements (a 128-byte row) x G
+// heads x kM / G tokens (a block's rows: token-major, the group's heads
+// within), the 128-byte swizzle (the Q tile's layout, swz). False where
+// G does not divide kM, q is not 16-byte aligned, the driver cannot
+// encode it, or OSPREY_PREFILL_TMA_Q=0 (A/B, tests; read at each launch):
+// then every thread copies its share of q (load_q).
+bool q_tensor_map(const PagedAttentionArgs& a, CUtensorMap& m) {
+  const char* env = std::getenv("OSPREY_PREFILL_TMA_Q");
+  if (env != nullptr && std::strcmp(env, "0") == 0) return false;
+  const int group = a.hq / a.hk;
+  if (kM % group != 0 || reinterpret_cast<uintptr_t>(a.q) % 16 != 0) return false;
+  const EncodeTiled enc = encode_tiled();
+  if (enc == nullptr) return false;
+  const cuuint64_t esz = 2;  // BF16 / F16
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(a.hd), static_cast<cuuint64_t>(a.hq),
+                              static_cast<cuuint64_t>(a.num_tokens)};
+  const cuuint64_t strides[2] = {a.hd * esz, static_cast<cuuint64_t>(a.hq) * a.hd * esz};
+  const cuuint32_t box[3] = {64, static_cast<cuuint32_t>(group), static_cast<cuuint32_t>(kM / group)};
+  const cuuint32_t elem_strides[3] = {1, 1, 1};
+  const CUtensorMapDataType dt =
+      a.act == DType::kF16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  return enc(&m, dt, 3, const_cast<void*>(a.q), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 }  // namespace
+
+bool prefill_wgmma_q_tma(const PagedAttentionArgs& a) {
+  CUtensorMap m{};
+  return q_tensor_map(a, m);
+}
 
 bool prefill_wgmma_uses_tma(const PagedAttentionArgs& a, int variant) {
   if (variant == 0) variant = kPrefillWgmmaDefaultVariant;
@@ -1520,11 +1581,13 @@ void launch_prefill_attention_wgmma(const PagedAttentionArgs& a, cudaStream_t st
   const int64_t blocks = static_cast<int64_t>(a.num_seqs) * tiles * a.hk;
   OSP_CHECK_LE(blocks, int64_t{2147483647});
   if (variant == 2 || variant == 3) {
-    CUtensorMap tk{}, tv{};
+    CUtensorMap tk{}, tv{}, tq{};
     const bool tma = kv_tensor_maps(a, tk, tv);
+    const int q_tma = q_tensor_map(a, tq) ? 1 : 0;
     const WsLaunch l = variant == 2 ? ws_launch<false>(a, tma) : ws_launch<true>(a, tma);
     set_max_dynamic_smem_once(l.kernel, l.smem);
-    l.kernel<<<static_cast<unsigned>(blocks), kWsThreads, l.smem, stream>>>(a, static_cast<int>(tiles), tk, tv);
+    l.kernel<<<static_cast<unsigned>(blocks), kWsThreads, l.smem, stream>>>(a, static_cast<int>(tiles), tk, tv, tq,
+                                                                           q_tma);
   } else {
     const bool f16 = a.act == DType::kF16;
     void (*kernel)(PagedAttentionArgs, int) = nullptr;

@@ -52,6 +52,13 @@ constexpr int kPrefillWgmmaDefaultVariant = 3;
 // OSPREY_PREFILL_TMA=0 never takes it.
 bool prefill_wgmma_uses_tma(const PagedAttentionArgs& a, int variant = 0);
 
+// Whether the warp-specialised variants bring a's q tile with the bulk
+// tensor copy engine (one box a 64-element panel, the block barrier not
+// waiting for it) rather than with every thread's cp.async: where G = hq /
+// hk divides the 128 rows of a block, q is 16-byte aligned and the driver
+// encodes the tensor map; OSPREY_PREFILL_TMA_Q=0 never does.
+bool prefill_wgmma_q_tma(const PagedAttentionArgs& a);
+
 // Preconditions: prefill_wgmma_available(), prefill_wgmma_supports(a,
 // variant). Computes the same function as
 // launch_prefill_attention_mma.
