@@ -22,7 +22,7 @@ import tarfile
 NAME = re.compile(r"^(?P<tag>.+)_(?P<v>[A-H])_r(?P<r>\d+)\.txt$")
 # (pattern, its value in group "v"; the case a match names; the unit)
 PATTERNS = [
-    (re.compile(r"^(?P<tokens>\S+)\s+(?P<dtype>(?:bf16|f16)(?:\+f8)?)\s+(?P<kernel>\S+)\s+[\d.]+\s+(?P<v>[\d.]+)\s*$"),
+    (re.compile(r"^(?P<tokens>\S+)\s+(?P<dtype>(?:bf16|f16)(?:\+(?:f8|i8))?)\s+(?P<kernel>\S+)\s+[\d.]+\s+(?P<v>[\d.]+)\s*$"),
      lambda m: f"{m['tokens']} {m['dtype']} {m['kernel']}", "TFLOP/s"),
     (re.compile(r"^TTFT, one (?P<n>\d+)-token prompt: (?P<v>[\d.]+) ms"), lambda m: f"TTFT({m['n']})", "ms"),
     (re.compile(r"^\s+paged_attention\s+\d+\s+(?P<v>[\d.]+)\s"), lambda m: "prompt paged_attention", "ms"),

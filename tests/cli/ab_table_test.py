@@ -22,6 +22,7 @@ prefill attention bench on NVIDIA H200: causal, hq 32, hk 8, hd 128, window 0, p
 tokens     dtype   kernel             ms    TFLOP/s
 4096       bf16    wgmma3          0.253      {a:.1f}
 4096       bf16+f8 wgmma3          0.310      {b:.1f}
+4096       f16+i8  wgmma3          0.410      {c:.1f}
 [       OK ] PrefillAttention.DISABLED_PrefillAttentionBench (5000 ms)
 """
 
@@ -40,10 +41,10 @@ batch-1 decode (bytes/step = weights without the embedding table + KV read):
 
 def write_runs(folder):
     files = {
-        "pb_A_r1.txt": BENCH.format(a=540.0, b=440.0),
-        "pb_A_r2.txt": BENCH.format(a=544.0, b=440.0),
-        "pb_B_r1.txt": BENCH.format(a=567.0, b=462.0),
-        "pb_B_r2.txt": BENCH.format(a=567.0, b=462.0),
+        "pb_A_r1.txt": BENCH.format(a=540.0, b=440.0, c=330.0),
+        "pb_A_r2.txt": BENCH.format(a=544.0, b=440.0, c=330.0),
+        "pb_B_r1.txt": BENCH.format(a=567.0, b=462.0, c=363.0),
+        "pb_B_r2.txt": BENCH.format(a=567.0, b=462.0, c=363.0),
         "m_A_r1.txt": MODEL.format(ttft=200.0, attn=35.0, dec=4.124),
         "m_B_r1.txt": MODEL.format(ttft=190.0, attn=31.5, dec=4.124),
         "build_B.log": "4096       bf16    wgmma3          0.253      999.0\n",  # not a run output
@@ -80,13 +81,15 @@ with tempfile.TemporaryDirectory() as tmp:
           ["TFLOP/s", "540.0-544.0", "567.0 (+4.6%)"], f"bench row: {by.get(('pb', '4096 bf16 wgmma3'))}")
     check(by.get(("pb", "4096 bf16+f8 wgmma3"), [])[2:] == ["TFLOP/s", "440.0", "462.0 (+5.0%)"],
           f"one-byte pages' row: {by.get(('pb', '4096 bf16+f8 wgmma3'))}")
+    check(by.get(("pb", "4096 f16+i8 wgmma3"), [])[2:] == ["TFLOP/s", "330.0", "363.0 (+10.0%)"],
+          f"I8 pages' row: {by.get(('pb', '4096 f16+i8 wgmma3'))}")
     check(by.get(("m", "TTFT(8192)"), [])[2:] == ["ms", "200.0", "190.0 (-5.0%)"],
           f"TTFT row: {by.get(('m', 'TTFT(8192)'))}")
     check(by.get(("m", "prompt paged_attention"), [])[2:] == ["ms", "35.0", "31.5 (-10.0%)"],
           f"attention row: {by.get(('m', 'prompt paged_attention'))}")
     check(by.get(("m", "decode 512 graph"), [])[2:] == ["ms", "4.124", "4.124 (+0.0%)"],
           f"decode row: {by.get(('m', 'decode 512 graph'))}")
-    check(len(t) == 2 + 5, f"five rows: the matmul, total and build log lines left out ({len(t) - 2})")
+    check(len(t) == 2 + 6, f"six rows: the matmul, total and build log lines left out ({len(t) - 2})")
     check("999" not in outs[0], "files other than TAG_V_rN.txt are not read")
 
     empty = os.path.join(tmp, "empty")

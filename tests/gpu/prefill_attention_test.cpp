@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstdio>
+#include <limits>
 #include <numeric>
 #include <optional>
 #include <random>
@@ -54,12 +55,15 @@ struct Seq {
 // random values in [-2, 2] under scales 0.01 for K and 0.5 for V: K codes up
 // to 200, V codes up to 4), kSubnormal (only the codes of magnitude below
 // 2^-6, subnormal or zero, under scale 64 for both: values up to 0.875, so
-// a reader that flushes or misreads them fails).
-enum class F8Pages { kNone, kRandom, kSubnormal };
+// a reader that flushes or misreads them fails), kI8 (not F8: INT8 codes
+// under a scale per row, ops::kv_row_scale_index, as int8_row_quantize
+// writes them: random values in [-2, 2] times a magnitude per row, 10^u
+// with u in [-1.5, 0.5] for K and [-2, 1] for V, one row in 23 all zeros).
+enum class F8Pages { kNone, kRandom, kSubnormal, kI8 };
 
 // A prefill step over pages of dt (BF16 or F16; q and out too), or of
-// F8_E4M3 codes (f8, F8Pages; q and out of dt): random q/k/v (values exact
-// in dt, or e4m3 codes times the scale), each sequence's pages a range of
+// one-byte codes (f8, F8Pages; q and out of dt): random q/k/v (values exact
+// in dt, or e4m3 codes times the scale, or I8 codes times their row's), each sequence's pages a range of
 // its own in shuffled order, positions past + i, slots -1 (this step's K/V
 // already in the pages). Owns its device copies.
 class Problem {
@@ -70,11 +74,11 @@ class Problem {
         bs_(bs),
         scale_(scale != 0.0f ? scale : 1.0f / std::sqrt(static_cast<float>(h.hd))),
         dt_(dt),
-        kv_dt_(f8 != F8Pages::kNone ? DType::kF8E4M3 : dt),
-        k_scale_(f8 == F8Pages::kNone        ? 1.0f
+        kv_dt_(f8 == F8Pages::kI8 ? DType::kI8 : f8 != F8Pages::kNone ? DType::kF8E4M3 : dt),
+        k_scale_(f8 == F8Pages::kNone || f8 == F8Pages::kI8 ? 1.0f
                  : f8 == F8Pages::kSubnormal ? 64.0f
                                              : 0.01f),
-        v_scale_(f8 == F8Pages::kNone        ? 1.0f
+        v_scale_(f8 == F8Pages::kNone || f8 == F8Pages::kI8 ? 1.0f
                  : f8 == F8Pages::kSubnormal ? 64.0f
                                              : 0.5f) {
     std::mt19937 rng(seed);
@@ -83,7 +87,31 @@ class Problem {
     n_ = hb_.num_tokens();
     const size_t page_elems = static_cast<size_t>(bs) * h.hk * h.hd;
     const size_t kv_elems = static_cast<size_t>(pages_) * page_elems;
-    if (f8 != F8Pages::kNone) {
+    if (f8 == F8Pages::kI8) {
+      const int64_t rows = static_cast<int64_t>(pages_) * bs * h.hk;
+      auto codes = [&](uint32_t s, float lo, float hi, std::vector<float>& values, std::vector<float>& scales) {
+        const auto f = random_floats(kv_elems, s, -2, 2);
+        const auto mag = random_floats(static_cast<size_t>(rows), s + 1, lo, hi);
+        std::vector<uint8_t> c(kv_elems);
+        std::vector<float> row(static_cast<size_t>(h.hd));
+        values.resize(kv_elems);
+        scales.assign(static_cast<size_t>(rows), 0.0f);
+        for (int64_t r = 0; r < rows; ++r) {  // row r = slot * hk + head
+          const float m = r % 23 == 5 ? 0.0f : std::pow(10.0f, mag[static_cast<size_t>(r)]);
+          for (int d = 0; d < h.hd; ++d) row[static_cast<size_t>(d)] = m * f[static_cast<size_t>(r * h.hd + d)];
+          int8_t* q = reinterpret_cast<int8_t*>(c.data()) + r * h.hd;
+          const float sc = int8_row_quantize(row.data(), h.hd, q);
+          scales[static_cast<size_t>(ops::kv_row_scale_index(r / h.hk, r % h.hk, h.hk, bs))] = sc;
+          for (int d = 0; d < h.hd; ++d) values[static_cast<size_t>(r * h.hd + d)] = static_cast<float>(q[d]) * sc;
+        }
+        return c;
+      };
+      std::vector<float> ks, vs;
+      gk_.emplace(upload(gpu, codes(seed + 1, -1.5f, 0.5f, k_, ks)));
+      gv_.emplace(upload(gpu, codes(seed + 2, -2.0f, 1.0f, v_, vs)));
+      gks_.emplace(upload(gpu, ks));
+      gvs_.emplace(upload(gpu, vs));
+    } else if (f8 != F8Pages::kNone) {
       // Codes of random values in [-2, 2]; k_ / v_ hold what they stand for.
       auto codes = [&](uint32_t s, float kv_scale, std::vector<float>& values) {
         const auto f = random_floats(kv_elems, s, -2, 2);
@@ -122,6 +150,10 @@ class Problem {
     a.kv_dtype = kv_dt_;
     a.k_scale = k_scale_;
     a.v_scale = v_scale_;
+    if (gks_) {
+      a.k_row_scales = static_cast<const float*>(gks_->get());
+      a.v_row_scales = static_cast<const float*>(gvs_->get());
+    }
     a.num_blocks = pages_;
     a.block_size = bs_;
     a.hq = h_.hq;
@@ -155,6 +187,10 @@ class Problem {
                       Tensor(gv_->get(), kv_dt_, {pages_, bs_, h_.hk, h_.hd}, Device::kCuda)};
       kv.k_scale = k_scale_;
       kv.v_scale = v_scale_;
+      if (gks_) {
+        kv.k_row_scales = Tensor(gks_->get(), DType::kF32, {pages_, h_.hk, bs_}, Device::kCuda);
+        kv.v_row_scales = Tensor(gvs_->get(), DType::kF32, {pages_, h_.hk, bs_}, Device::kCuda);
+      }
       Tensor q(gq_->get(), dt_, {n_, h_.hq, h_.hd}, Device::kCuda);
       Tensor out(go_->get(), dt_, {n_, h_.hq, h_.hd}, Device::kCuda);
       if (!graph_) {
@@ -196,10 +232,12 @@ class Problem {
   }
 
   // K and V of every slot past a sequence's keys in its last page made NaN
-  // (0x7FFF in BF16 and F16, 0x7F in E4M3): no kernel may let them reach
-  // the output (P = 0 times NaN is NaN), as a whole-page copy would.
+  // (0x7FFF in BF16 and F16, 0x7F in E4M3; I8: code 127 under a NaN row
+  // scale): no kernel may let them reach the output (P = 0 times NaN is
+  // NaN), as a whole-page copy would.
   void poison_past_end() {
-    const size_t esz = kv_dt_ == DType::kF8E4M3 ? 1 : 2;
+    const size_t esz = kv_dt_ == DType::kF8E4M3 || kv_dt_ == DType::kI8 ? 1 : 2;
+    const float nan = std::numeric_limits<float>::quiet_NaN();
     const size_t row_bytes = static_cast<size_t>(h_.hk) * h_.hd * esz;
     std::vector<uint8_t> nan_row(row_bytes);
     for (size_t i = 0; i < row_bytes; ++i) nan_row[i] = esz == 1 ? 0x7F : (i % 2 == 0 ? 0xFF : 0x7F);
@@ -211,6 +249,15 @@ class Problem {
           ASSERT_EQ(cudaMemcpy(static_cast<char*>(m->get()) + slot * row_bytes, nan_row.data(), row_bytes,
                                cudaMemcpyHostToDevice),
                     cudaSuccess);
+        }
+        if (gks_) {
+          for (int kvh = 0; kvh < h_.hk; ++kvh) {
+            const auto at = ops::kv_row_scale_index(static_cast<int64_t>(slot), kvh, h_.hk, bs_);
+            for (const auto* m : {&*gks_, &*gvs_}) {
+              ASSERT_EQ(cudaMemcpy(static_cast<float*>(m->get()) + at, &nan, sizeof(float), cudaMemcpyHostToDevice),
+                        cudaSuccess);
+            }
+          }
         }
       }
     }
@@ -300,8 +347,8 @@ class Problem {
   int bs_;
   float scale_;
   DType dt_;
-  DType kv_dt_;              // dt_, or F8_E4M3
-  float k_scale_, v_scale_;  // F8_E4M3 pages (1 for the 16-bit ones)
+  DType kv_dt_;              // dt_, F8_E4M3 or I8
+  float k_scale_, v_scale_;  // F8_E4M3 pages (1 for the others)
   HostAttentionBatch hb_;    // slots -1
   int pages_ = 0, n_ = 0;    // pages in the pool (all of hb_'s), tokens
   int leading_decodes_ = 0;
@@ -309,6 +356,7 @@ class Problem {
   std::vector<float> k_, v_, q_;
   std::vector<double> ref_;
   std::optional<DeviceMem> gk_, gv_, gq_, go_;
+  std::optional<DeviceMem> gks_, gvs_;  // I8: the row scales, [pages][hk][bs]
   std::optional<DeviceAttentionBatch> db_;
 };
 
@@ -607,21 +655,24 @@ TEST_F(PrefillAttention, WgmmaVariantsCoverShapes) {
   EXPECT_EQ(cuda::kPrefillWgmmaDefaultVariant, 3);
 }
 
-// F8_E4M3 pages: the wgmma kernel's F8 variants (2 and 3, where they run:
-// on an sm_90 device they must), the op and the mma.sync kernel's automatic
+// One-byte pages (codes: F8Pages::kRandom, with kSubnormal cases, or kI8):
+// the wgmma kernel's one-byte variants (2 and 3, where they run: on an
+// sm_90 device they must), the op and the mma.sync kernel's automatic
 // choice, against float64 over the values the codes stand for; tile
 // boundaries, prompts after earlier pages, a decode row in a prefill step,
 // G = 1 / 3 / 4 / 8, head_dim 128 and 64, sliding windows, page sizes 16
-// and 24, both 16-bit types; and pages of subnormal codes only.
-TEST_F(PrefillAttention, F8PagesWgmmaMatchFloat64) {
+// and 24, both 16-bit types; NaN (I8: a NaN row scale) in every slot past a
+// sequence's keys.
+void one_byte_pages_match_float64(ops::Backend& gpu, F8Pages codes, uint32_t seed) {
   const std::vector<Seq> bounds = {{127, 0}, {128, 0},  {129, 0}, {1, 127},   {1, 128}, {31, 97},
                                    {32, 96}, {33, 224}, {255, 1}, {257, 255}, {2, 0}};
   const std::vector<Seq> mixed = {{700, 0}, {333, 1200}, {1, 900}, {64, 64}, {129, 3}};
+  const bool f8 = codes != F8Pages::kI8;
   struct Case {
     Heads h;
     const std::vector<Seq>* seqs;
     int bs;
-    F8Pages f8 = F8Pages::kRandom;
+    bool subnormal = false;  // F8: codes below 2^-6 only
   };
   const std::vector<Seq> long_prompt = {{2048, 0}};
   const std::vector<Case> cases = {
@@ -631,31 +682,39 @@ TEST_F(PrefillAttention, F8PagesWgmmaMatchFloat64) {
       {{32, 8, 128, 0}, &mixed, 16},
       {{16, 4, 128, 0}, &mixed, 24},
       {{32, 8, 128, 0}, &long_prompt, 16},
-      {{32, 8, 128, 0}, &mixed, 16, F8Pages::kSubnormal},  // codes below 2^-6 only
-      {{32, 8, 64, 0}, &bounds, 16},                       // head_dim 64
+      {{32, 8, 128, 0}, &mixed, 16, true},
+      {{32, 8, 64, 0}, &bounds, 16},  // head_dim 64
       {{9, 3, 64, 0}, &mixed, 24},
       {{32, 8, 64, 0}, &long_prompt, 16},
-      {{32, 8, 64, 0}, &mixed, 16, F8Pages::kSubnormal},
+      {{32, 8, 64, 0}, &mixed, 16, true},
       {{32, 8, 128, 200}, &mixed, 16},  // sliding windows
       {{9, 3, 64, 77}, &bounds, 24},
   };
-  uint32_t seed = 900;
   for (DType dt : {DType::kBF16, DType::kF16}) {
     for (const auto& c : cases) {
-      Problem pb(gpu(), c.h, *c.seqs, c.bs, seed += 5, 0.0f, dt, c.f8);
+      if (c.subnormal && !f8) continue;
+      Problem pb(gpu, c.h, *c.seqs, c.bs, seed += 5, 0.0f, dt, c.subnormal ? F8Pages::kSubnormal : codes);
+      pb.poison_past_end();
+      const std::string pages = f8 ? " F8 pages" : " I8 pages";
       if (cuda::prefill_wgmma_available()) {
-        EXPECT_TRUE(pb.runs(kWgmma - 1) && pb.runs(kWgmma - 2)) << tag(c.h, c.bs, kWgmma - 2);
-        EXPECT_FALSE(pb.runs(kWgmma) || pb.runs(kWgmma - 3)) << "F8 pages in the variants without a staging area";
+        EXPECT_TRUE(pb.runs(kWgmma - 1) && pb.runs(kWgmma - 2)) << tag(c.h, c.bs, kWgmma - 2) << pages;
+        EXPECT_FALSE(pb.runs(kWgmma) || pb.runs(kWgmma - 3)) << "one-byte pages in the variants without a staging area";
       }
       for (int variant = kWgmmaLast; variant <= 0; ++variant) {
         if (variant == -1 || !pb.runs(variant)) continue;
         pb.poison();
-        pb.run(gpu(), variant);
-        pb.check(gpu(), 7, tag(c.h, c.bs, variant));
+        pb.run(gpu, variant);
+        pb.check(gpu, 7, tag(c.h, c.bs, variant) + pages);
       }
     }
   }
 }
+
+TEST_F(PrefillAttention, F8PagesWgmmaMatchFloat64) { one_byte_pages_match_float64(gpu(), F8Pages::kRandom, 900); }
+
+// I8 rows of magnitudes over three (K) and four (V) orders of ten, all-zero
+// rows among them (scale 0).
+TEST_F(PrefillAttention, I8PagesWgmmaMatchFloat64) { one_byte_pages_match_float64(gpu(), F8Pages::kI8, 1900); }
 
 // BF16 q beyond F16's range over F8_E4M3 pages: the wgmma kernel computes
 // in F16 there and rounds q to F16, saturating at +-65504 (an infinite q
@@ -826,7 +885,8 @@ bool env_list_names(const char* list, const std::string& name, bool prefix) {
 // prompt of L tokens (and of four 2048-token prompts), Llama-3-8B heads,
 // pages of 16 in shuffled order: BF16 for every block shape (0 = the
 // automatic choice) in both block orders ("mmaN" longest-first, "mmaN-ph"
-// per KV head) and the wmma kernel; F16 for the automatic choice. Median of
+// per KV head) and the wmma kernel; F16 for the automatic choice; F8_E4M3
+// ("+f8") and I8 ("+i8", row scales) pages under both. Median of
 // 15 event-timed launches after 3 warm-ups. OSPREY_BENCH_HEADS=hq,hk[,hd[,window]]
 // (bench_heads.h) picks other heads (e.g. 32,8,64: Llama-3.2-1B; 9,3,64: SmolLM2;
 // 32,8,128,4096: Mistral-7B v0.1's sliding window).
@@ -862,10 +922,11 @@ TEST_F(PrefillAttention, DISABLED_PrefillAttentionBench) {
   auto kernel_wanted = [&](const std::string& name) { return env_list_names(kernels, name, true); };
   for (const auto& c : cases) {
     if (!wanted(c.name)) continue;
-    for (int pages = 0; pages < 4; ++pages) {  // 2, 3: F8_E4M3 pages, bf16 / f16 q
+    for (int pages = 0; pages < 6; ++pages) {  // 2, 3: F8_E4M3 pages, bf16 / f16 q; 4, 5: I8 pages
       const DType dt = pages % 2 == 1 ? DType::kF16 : DType::kBF16;
-      const bool f8 = pages >= 2;
-      Problem pb(gpu(), heads, c.seqs, 16, 3, 0.0f, dt, f8 ? F8Pages::kRandom : F8Pages::kNone);
+      const bool f8 = pages >= 2;  // one-byte pages
+      const F8Pages codes = pages >= 4 ? F8Pages::kI8 : f8 ? F8Pages::kRandom : F8Pages::kNone;
+      Problem pb(gpu(), heads, c.seqs, 16, 3, 0.0f, dt, codes);
       const auto a = pb.args();
       // k <= -2: wgmma variant -1 - k (sm_90 only); -1: wmma; 2 v + o: mma
       // block shape v in order o.
@@ -900,7 +961,8 @@ TEST_F(PrefillAttention, DISABLED_PrefillAttentionBench) {
         }
         std::sort(ms.begin(), ms.end());
         const float med = ms[ms.size() / 2];
-        const std::string dts = std::string(dt == DType::kF16 ? "f16" : "bf16") + (f8 ? "+f8" : "");
+        const std::string dts =
+            std::string(dt == DType::kF16 ? "f16" : "bf16") + (pages >= 4 ? "+i8" : f8 ? "+f8" : "");
         std::printf("%-10s %-7s %-10s %10.3f %10.1f\n", c.name.c_str(), dts.c_str(), name.c_str(), med,
                     pb.causal_flops() / (med * 1e-3) / 1e12);
       }
