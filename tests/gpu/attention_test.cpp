@@ -15,6 +15,7 @@
 #include <numeric>
 #include <optional>
 
+#include "backend/cuda/attention/prefill_wgmma.h"
 #include "gpu_test_util.h"
 #include "ops/decode_order.h"
 
@@ -182,11 +183,12 @@ struct BothOutputs {
   std::vector<float> ref;
   std::vector<uint8_t> gpu;
 };
-// I8 pages: krs / vrs their row scales [num_blocks * block_size * hk].
+// I8 pages: krs / vrs their row scales [num_blocks * block_size * hk]
+// (vrs_ref: other V row scales for the CPU only).
 BothOutputs run_on_both(ops::Backend& gpu, ops::Backend& cpu, const Config& c, const Batch& h, std::vector<uint8_t>& kp,
                         std::vector<uint8_t>& vp, DType act, const std::vector<uint8_t>& qb, std::vector<float>& qr,
                         int window, float k_scale = 1.0f, float v_scale = 1.0f, std::vector<float>* krs = nullptr,
-                        std::vector<float>* vrs = nullptr) {
+                        std::vector<float>* vrs = nullptr, std::vector<float>* vrs_ref = nullptr) {
   const int64_t n = h.num_tokens();
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
   BothOutputs r;
@@ -197,7 +199,8 @@ BothOutputs run_on_both(ops::Backend& gpu, ops::Backend& cpu, const Config& c, c
                     Tensor(vp.data(), c.kv_dtype, {h.num_blocks, c.block_size, c.hk, c.hd}), k_scale, v_scale};
     if (i8) {
       kv.k_row_scales = Tensor(krs->data(), DType::kF32, {h.num_blocks, c.hk, c.block_size});
-      kv.v_row_scales = Tensor(vrs->data(), DType::kF32, {h.num_blocks, c.hk, c.block_size});
+      kv.v_row_scales =
+          Tensor((vrs_ref != nullptr ? vrs_ref : vrs)->data(), DType::kF32, {h.num_blocks, c.hk, c.block_size});
     }
     Tensor qt(qr.data(), DType::kF32, {n, c.hq, c.hd}), ot(r.ref.data(), DType::kF32, {n, c.hq, c.hd});
     const ops::AttentionBatch b = h.host();
@@ -722,8 +725,9 @@ I8Pages i8_pages(const Config& c, int64_t num_blocks, uint32_t seed) {
 // tensor-core decode kernel and the prefill kernels' I8 variants),
 // against the CPU backend on the same pages and the same (rounded) q. The
 // CPU reads q * s in fp32; the GPU's decode kernel takes the int8 values
-// exactly (in half) with the scales in fp32 and P' in half, its prefill
-// kernels (mma.sync and wgmma) q * s rounded to act.
+// exactly (in half) with the scales in fp32 and P' in half, its mma.sync
+// prefill kernel q * s rounded to act, its wgmma prefill kernel (Hopper)
+// q * s in F16 (s rounded to F16) and q rounded to F16.
 void check_i8(ops::Backend& gpu, ops::Backend& cpu, DType act, Config c, const std::vector<SeqSpec>& seqs, int window,
               uint32_t seed) {
   c.kv_dtype = DType::kI8;
@@ -743,6 +747,43 @@ TEST_F(AttentionTest, I8PagesDecodeAcrossGroupsHeadDimsAndBlockSizes) {
 // The prefill kernels' I8 variants (the mma.sync kernel's, and on Hopper
 // the wgmma kernel's for prompt-heavy steps).
 TEST_F(AttentionTest, I8PagesPrefillAndMixedSteps) { one_byte_prefill_sweep(gpu(), cpu(), check_i8, 2500); }
+
+// The wgmma prefill kernel widens I8 codes to F16 with the row scale
+// rounded to F16 and clamped to 515 (127 x 515 < 65504): V rows beyond
+// F16's range (here every 13th row, scales 600 .. 1,600: values up to
+// ~2e5) saturate instead of becoming infinite, i.e. the output is the
+// CPU's over those scales clamped. Prompt-only steps (the wgmma kernel's).
+TEST_F(AttentionTest, I8PagesPrefillVBeyondHalfSaturates) {
+  if (!cuda::prefill_wgmma_available()) GTEST_SKIP() << "the wgmma prefill kernel needs an sm_90 device";
+  uint32_t seed = 2900;
+  for (DType act : {DType::kBF16, DType::kF16}) {
+    for (Config c : {Config{32, 8, 128, 16, act}, Config{8, 2, 64, 16, act}}) {
+      c.kv_dtype = DType::kI8;
+      const std::vector<SeqSpec> seqs = {{700, 700}, {300, 400}};
+      const std::string what = std::string(dtype_name(act)) + " q, I8 V beyond half, " + tag(c, 0, seqs);
+      Batch h(seqs, c.block_size, seed += 7);
+      I8Pages p = i8_pages(c, h.num_blocks, seed + 1);
+      std::vector<float> clamped = p.vs;
+      int big = 0;
+      for (size_t r = 0; r < p.vs.size(); ++r) {
+        if (r % 13 == 4) {
+          p.vs[r] = 600.0f + static_cast<float>(r % 11) * 100.0f;
+          ++big;
+        }
+        clamped[r] = std::min(p.vs[r], 515.0f);
+      }
+      ASSERT_GT(big, 0) << what;
+      RoundedQ q = rounded_q(act, static_cast<size_t>(h.num_tokens() * c.hq * c.hd), seed + 3);
+      const BothOutputs o =
+          run_on_both(gpu(), cpu(), c, h, p.k, p.v, act, q.bytes, q.values, 0, 1.0f, 1.0f, &p.ks, &p.vs, &clamped);
+      const auto got = unpack(act, o.gpu, 1, static_cast<int64_t>(o.ref.size()));
+      int finite = 0;
+      for (double x : got) finite += std::isfinite(x) ? 1 : 0;
+      EXPECT_EQ(finite, static_cast<int>(got.size())) << what;
+      expect_one_byte_step_close(o, act, what);
+    }
+  }
+}
 
 // BF16 q with components beyond half's range (up to 1e6) over one-byte
 // pages in decode steps. The decode kernel rounds q to half for its f16

@@ -1051,21 +1051,38 @@ __device__ __forceinline__ void widen_e4m3x16(const uint4& w, uint4& lo, uint4& 
   hi = make_uint4(out[4], out[5], out[6], out[7]);
 }
 
-// Sixteen I8 codes (16 bytes, lowest first) times the row scale sc, each
-// rounded to the 16-bit type (kF16: F16, else BF16), lo = the first 8: the
-// values the mma.sync kernel's I8 variant widens to. The codes become
-// floats by i8x4_to_float: with int-to-float conversions instead, the
-// kernel took 2.4x FP8 pages' time (H200, 8k-token prompt).
-template <bool kF16>
+// The largest I8 row scale the F16 widening takes: 127 times it (65,405)
+// stays below F16's largest finite value, so a row whose values pass
+// F16's range saturates (as BF16 q does when the kernel rounds it to F16)
+// instead of becoming infinite.
+constexpr float kI8F16MaxRowScale = 515.0f;
+
+// Sixteen I8 codes (16 bytes, lowest first) times the row scale sc as F16,
+// lo = the first 8. Each pair: its bytes, sign bits flipped, into the low
+// mantissa bits of two halves of 1024 (a byte permute), 1152 subtracted
+// (exact: the codes), then two multiplies: by sc (clamped to
+// kI8F16MaxRowScale) rounded to F16, and by 1; or, for a scale below F16's
+// normal range (rows of magnitude below ~0.008), by sc 2^16 and then 2^-16
+// (exact), so the scale keeps F16's 11 significant bits. Until session 34
+// the codes became floats (i8x4_to_float: a permute and an add each), were
+// multiplied by sc in fp32 and rounded to q's type: ~60 instructions for
+// 16 codes against ~36, on the copying warpgroup, which bounds one-byte
+// pages' prompt attention. (With int-to-float conversions, before session
+// 25, the kernel took 2.4x FP8 pages' time.)
 __device__ __forceinline__ void widen_i8x16(const uint4& w, float sc, uint4& lo, uint4& hi) {
-  const uint32_t in[4] = {w.x, w.y, w.z, w.w};
+  const bool tiny = sc < 6.103515625e-05f;  // 2^-14
+  const float s = tiny ? sc * 65536.0f : sc;
+  // Not fminf: a NaN scale (a row written from NaN values) stays NaN, as
+  // the other kernels' c * s.
+  const __half2 s1 = __float2half2_rn(s > kI8F16MaxRowScale ? kI8F16MaxRowScale : s);
+  const __half2 s2 = __half2half2(__ushort_as_half(tiny ? 0x0100u : 0x3C00u));  // 2^-16 or 1
+  const uint32_t in[4] = {w.x ^ 0x80808080u, w.y ^ 0x80808080u, w.z ^ 0x80808080u, w.w ^ 0x80808080u};
   uint32_t out[8];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    float f[4];
-    i8x4_to_float(in[i], f);
-    out[2 * i] = pack2<kF16>(f[0] * sc, f[1] * sc);
-    out[2 * i + 1] = pack2<kF16>(f[2] * sc, f[3] * sc);
+  for (int i = 0; i < 8; ++i) {
+    const uint32_t c = (i & 1) ? i8x2_flipped_to_half2_bits<1>(in[i / 2]) : i8x2_flipped_to_half2_bits<0>(in[i / 2]);
+    const __half2 v = __hmul2(__hmul2(*reinterpret_cast<const __half2*>(&c), s1), s2);
+    out[i] = *reinterpret_cast<const uint32_t*>(&v);
   }
   lo = make_uint4(out[0], out[1], out[2], out[3]);
   hi = make_uint4(out[4], out[5], out[6], out[7]);
@@ -1101,8 +1118,9 @@ __device__ __forceinline__ int ws_widen_thread(int p) {
 // and 2 c + 1 of those rows. I8: the thread with c = 0 also copies its
 // keys' row scales of the item (K scales for K items, V for V) into the
 // item's scale half; the lanes of a key (the same warp) read them after a
-// __syncwarp. kF16: the type the codes widen to (F16, else BF16): F16 for
-// E4M3 codes; for I8, q's type (q * s can pass F16's range).
+// __syncwarp. kF16: the type the codes widen to, F16 (the kernel computes
+// in F16 over one-byte pages; until session 34 I8 codes widened to q's
+// type).
 template <bool kF16, int kHd, int kKv8>
 __device__ __forceinline__ void copy_kv_items_8(const PagedAttentionArgs& a, const WgBlock& b, int key0, int tile_hi,
                                                 int nt, uint32_t full_bar, uint32_t empty_bar) {
@@ -1208,7 +1226,8 @@ __device__ __forceinline__ void copy_kv_items_8(const PagedAttentionArgs& a, con
           const int n = n0 + g;
           uint4 lo, hi;
           if constexpr (kI8) {
-            widen_i8x16<kF16>(w[g], scales[(i % kStages) * kN + jw + n * kStep], lo, hi);
+            static_assert(kF16, "I8 codes widen to F16 (the kernel computes in F16 over one-byte pages)");
+            widen_i8x16(w[g], scales[(i % kStages) * kN + jw + n * kStep], lo, hi);
           } else {
             static_assert(kF16, "E4M3 codes widen to F16 (the kernel computes in F16 over them)");
             widen_e4m3x16(w[g], lo, hi);
@@ -1250,11 +1269,12 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   static_assert(!kTma || kKv8 == 0, "TMA copies pages of the 16-bit type");
 #if OSP_WGMMA_DEVICE
   using T = std::conditional_t<kF16, __half, __nv_bfloat16>;
-  // The products' type: T, except over F8_E4M3 pages, which always compute
-  // in F16 (as the decode kernel does): their codes widen to F16 exactly in
-  // one conversion a pair (to BF16 by way of fp32: four), P in F16 has
-  // three more bits, and BF16 q is rounded to F16 (load_q).
-  constexpr bool kCF16 = kF16 || kKv8 == 1;
+  // The products' type: T, except over one-byte pages, which always compute
+  // in F16 (as the decode kernel does): E4M3 codes widen to F16 exactly in
+  // one conversion a pair (to BF16 by way of fp32: four), I8 codes in a
+  // byte permute and a packed subtraction a pair (widen_i8x16), P in F16
+  // has three more bits, and BF16 q is rounded to F16 (load_q).
+  constexpr bool kCF16 = kF16 || kKv8 != 0;
   using L = WsLayout<kKv8, kHd>;
   constexpr int kWsSlots = L::kSlots;
   constexpr uint32_t kWsOffSlot = L::kOffSlot;
