@@ -836,16 +836,15 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_wgmma_kernel(PagedAttenti
 // two-item staging area, each thread into a share of its own, so no thread
 // waits for another's copies: with item i + 1 still in flight it waits for
 // its own copies of item i (cp.async.wait_group), widens them in
-// registers (F8: to F16, exact, whatever T: the computing warpgroups then
-// run in F16; I8: to T, below) and stores them into
+// registers (to F16 whatever T: the computing warpgroups then run in F16;
+// F8 exactly, I8 as widen_i8x16 says) and stores them into
 // the item's ring slot, then arrives on the slot's full barrier
 // (mbarrier.arrive, release) and issues its copies of item i + 2 into the
 // staging half it has just read. Five ring slots make room for the staging
 // area. F8: the layer's K scale goes
 // on the scores, its V scale on the output. I8: each key's K and V row
 // scales are staged beside its codes (4-byte cp.async by one thread a key)
-// and the widening writes q * s rounded to T, as the mma.sync kernel's I8
-// variant does (the layer scales are 1).
+// and the widening writes c * s in F16 (the layer scales are 1).
 constexpr int kWsThreads = 384;
 constexpr int kWsCopyRegs = 56;      // per thread, copying warpgroup
 constexpr int kWsComputeRegs = 224;  // per thread, computing warpgroups
@@ -1063,7 +1062,7 @@ constexpr float kI8F16MaxRowScale = 515.0f;
 // (exact: the codes), then two multiplies: by sc (clamped to
 // kI8F16MaxRowScale) rounded to F16, and by 1; or, for a scale below F16's
 // normal range (rows of magnitude below ~0.008), by sc 2^16 and then 2^-16
-// (exact), so the scale keeps F16's 11 significant bits. Until session 34
+// (exact), so the scale keeps F16's 11 significant bits. Until session 35
 // the codes became floats (i8x4_to_float: a permute and an add each), were
 // multiplied by sc in fp32 and rounded to q's type: ~60 instructions for
 // 16 codes against ~36, on the copying warpgroup, which bounds one-byte
@@ -1119,7 +1118,7 @@ __device__ __forceinline__ int ws_widen_thread(int p) {
 // keys' row scales of the item (K scales for K items, V for V) into the
 // item's scale half; the lanes of a key (the same warp) read them after a
 // __syncwarp. kF16: the type the codes widen to, F16 (the kernel computes
-// in F16 over one-byte pages; until session 34 I8 codes widened to q's
+// in F16 over one-byte pages; until session 35 I8 codes widened to q's
 // type).
 template <bool kF16, int kHd, int kKv8>
 __device__ __forceinline__ void copy_kv_items_8(const PagedAttentionArgs& a, const WgBlock& b, int key0, int tile_hi,
