@@ -1058,29 +1058,33 @@ constexpr float kI8F16MaxRowScale = 515.0f;
 
 // Sixteen I8 codes (16 bytes, lowest first) times the row scale sc as F16,
 // lo = the first 8. Each pair: its bytes, sign bits flipped, into the low
-// mantissa bits of two halves of 1024 (a byte permute), 1152 subtracted
-// (exact: the codes), then two multiplies: by sc (clamped to
-// kI8F16MaxRowScale) rounded to F16, and by 1; or, for a scale below F16's
-// normal range (rows of magnitude below ~0.008), by sc 2^16 and then 2^-16
-// (exact), so the scale keeps F16's 11 significant bits. Until session 35
-// the codes became floats (i8x4_to_float: a permute and an add each), were
-// multiplied by sc in fp32 and rounded to q's type: ~60 instructions for
-// 16 codes against ~36, on the copying warpgroup, which bounds one-byte
-// pages' prompt attention. (With int-to-float conversions, before session
-// 25, the kernel took 2.4x FP8 pages' time.)
+// mantissa bits of two halves (a byte permute) of 1024, where a mantissa
+// step is 1, and the bias 1024 + 128 subtracted (exact: the codes); then
+// one multiply by sc (clamped to kI8F16MaxRowScale) rounded to F16. For a
+// scale below F16's normal range (rows of magnitude below ~0.008) the
+// halves are of 2^-6 instead, where a step is 2^-16 (the subtraction gives
+// c 2^-16 exactly, subnormal or not), and the multiply is by sc 2^16, so
+// the scale keeps F16's 11 significant bits; either way one rounding. Until
+// session 35 the codes became floats (i8x4_to_float: a permute and an add
+// each), were multiplied by sc in fp32 and rounded to q's type: ~60
+// instructions for 16 codes against ~28, on the copying warpgroup, which
+// bounds one-byte pages' prompt attention. (With int-to-float conversions,
+// before session 25, the kernel took 2.4x FP8 pages' time.)
 __device__ __forceinline__ void widen_i8x16(const uint4& w, float sc, uint4& lo, uint4& hi) {
   const bool tiny = sc < 6.103515625e-05f;  // 2^-14
   const float s = tiny ? sc * 65536.0f : sc;
   // Not fminf: a NaN scale (a row written from NaN values) stays NaN, as
   // the other kernels' c * s.
   const __half2 s1 = __float2half2_rn(s > kI8F16MaxRowScale ? kI8F16MaxRowScale : s);
-  const __half2 s2 = __half2half2(__ushort_as_half(tiny ? 0x0100u : 0x3C00u));  // 2^-16 or 1
+  const uint32_t top = tiny ? 0x24u : 0x64u;  // the halves' high byte: 2^-6 or 1024
+  const uint32_t bias_bits = tiny ? 0x24802480u : 0x64806480u;
+  const __half2 bias = *reinterpret_cast<const __half2*>(&bias_bits);
   const uint32_t in[4] = {w.x ^ 0x80808080u, w.y ^ 0x80808080u, w.z ^ 0x80808080u, w.w ^ 0x80808080u};
   uint32_t out[8];
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
-    const uint32_t c = (i & 1) ? i8x2_flipped_to_half2_bits<1>(in[i / 2]) : i8x2_flipped_to_half2_bits<0>(in[i / 2]);
-    const __half2 v = __hmul2(__hmul2(*reinterpret_cast<const __half2*>(&c), s1), s2);
+    const uint32_t biased = __byte_perm(in[i / 2], top, (i & 1) ? 0x4342 : 0x4140);
+    const __half2 v = __hmul2(__hsub2(*reinterpret_cast<const __half2*>(&biased), bias), s1);
     out[i] = *reinterpret_cast<const uint32_t*>(&v);
   }
   lo = make_uint4(out[0], out[1], out[2], out[3]);
@@ -1143,7 +1147,9 @@ __device__ __forceinline__ void copy_kv_items_8(const PagedAttentionArgs& a, con
   const char* chunk_v = reinterpret_cast<const char*>(kv.v) + c * 16;
   unsigned char* stage = b.smem + L::kOffStage + b.tid * 16;
   const unsigned char* wstage = b.smem + L::kOffStage + pw * 16;  // the staging share it widens
-  float* scales = reinterpret_cast<float*>(b.smem + L::kOffScale);  // I8: [kStages][kN]
+  // I8: [kStages][kStep][kKeys]: key j + kStep n's scale at [j][n], so that
+  // a widening thread reads the scales of kAhead keys in one load.
+  float* scales = reinterpret_cast<float*>(b.smem + L::kOffScale);
   int* sEnt = reinterpret_cast<int*>(b.smem + L::kOffEnt);           // [kN]: page-table entries of a tile's keys
   const uint32_t items = 2u * static_cast<uint32_t>(nt);
   auto copy_items = [&](auto pow2) {
@@ -1186,10 +1192,10 @@ __device__ __forceinline__ void copy_kv_items_8(const PagedAttentionArgs& a, con
         if constexpr (kI8) {
           if (c == 0) {
             const float* rs = (i & 1) ? a.v_row_scales : a.k_row_scales;
-            float* sdst = scales + (i % kStages) * kN + j0;
+            float* sdst = scales + (i % kStages) * kN + j0 * kKeys;
 #pragma unroll
             for (int n = 0; n < kKeys; ++n) {
-              cp_async4(sdst + n * kStep, rs + srows[n], rows[n] >= 0 ? 4 : 0);
+              cp_async4(sdst + n, rs + srows[n], rows[n] >= 0 ? 4 : 0);
             }
           }
         }
@@ -1215,9 +1221,21 @@ __device__ __forceinline__ void copy_kv_items_8(const PagedAttentionArgs& a, con
       // I8: two (four spilled).
       constexpr int kAhead = kHd == 64 ? 1 : kI8 ? 2 : 4;
       static_assert(kKeys % kAhead == 0, "whole groups of staging loads");
+      [[maybe_unused]] const float* wscales = scales + (i % kStages) * kN + jw * kKeys;  // I8: this thread's keys'
 #pragma unroll
       for (int n0 = 0; n0 < kKeys; n0 += kAhead) {
         uint4 w[kAhead];
+        [[maybe_unused]] float sc[kAhead];  // I8: the keys' scales, loaded with their codes (one 4- or 8-byte load)
+        if constexpr (kI8) {
+          static_assert(kAhead == 1 || kAhead == 2, "a float or a float2 of scales");
+          if constexpr (kAhead == 2) {
+            const float2 f = *reinterpret_cast<const float2*>(wscales + n0);
+            sc[0] = f.x;
+            sc[kAhead - 1] = f.y;
+          } else {
+            sc[0] = wscales[n0];
+          }
+        }
 #pragma unroll
         for (int g = 0; g < kAhead; ++g) w[g] = *reinterpret_cast<const uint4*>(src + (n0 + g) * 128 * 16);
 #pragma unroll
@@ -1226,7 +1244,7 @@ __device__ __forceinline__ void copy_kv_items_8(const PagedAttentionArgs& a, con
           uint4 lo, hi;
           if constexpr (kI8) {
             static_assert(kF16, "I8 codes widen to F16 (the kernel computes in F16 over one-byte pages)");
-            widen_i8x16(w[g], scales[(i % kStages) * kN + jw + n * kStep], lo, hi);
+            widen_i8x16(w[g], sc[g], lo, hi);
           } else {
             static_assert(kF16, "E4M3 codes widen to F16 (the kernel computes in F16 over them)");
             widen_e4m3x16(w[g], lo, hi);
