@@ -112,11 +112,16 @@ __device__ __forceinline__ uint2 i8_quantize8(const float (&v)[8], float s) {
 // (0x64 high byte), and 1024 + 128 comes off. `flipped` holds four int8
 // values with their sign bits already flipped (word ^ 0x80808080: b + 128
 // as an unsigned byte; one LOP3 a word rather than one a pair); kHi 0
-// takes bytes 0 and 1, kHi 1 bytes 2 and 3 (no shift).
+// takes bytes 0 and 1, kHi 1 bytes 2 and 3 (no shift). Another high byte
+// `top` scales the result, with bias_bits the halves top:0x80 (a select at
+// the caller: deriving them here cost instructions in the prefill copier):
+// 0x24 and 0x24802480 (halves of 2^-6, a mantissa step of 2^-16) give
+// b 2^-16, still exact (subnormal for |b| < 4).
 template <int kHi>
-__device__ __forceinline__ uint32_t i8x2_flipped_to_half2_bits(uint32_t flipped) {
-  const uint32_t biased = __byte_perm(flipped, 0x64u, kHi ? 0x4342 : 0x4140);
-  const __half2 h = __hsub2(*reinterpret_cast<const __half2*>(&biased), __half2half2(__ushort_as_half(0x6480)));
+__device__ __forceinline__ uint32_t i8x2_flipped_to_half2_bits(uint32_t flipped, uint32_t top = 0x64u,
+                                                               uint32_t bias_bits = 0x64806480u) {
+  const uint32_t biased = __byte_perm(flipped, top, kHi ? 0x4342 : 0x4140);
+  const __half2 h = __hsub2(*reinterpret_cast<const __half2*>(&biased), *reinterpret_cast<const __half2*>(&bias_bits));
   return *reinterpret_cast<const uint32_t*>(&h);
 }
 

@@ -1077,14 +1077,14 @@ __device__ __forceinline__ void widen_i8x16(const uint4& w, float sc, uint4& lo,
   // the other kernels' c * s.
   const __half2 s1 = __float2half2_rn(s > kI8F16MaxRowScale ? kI8F16MaxRowScale : s);
   const uint32_t top = tiny ? 0x24u : 0x64u;  // the halves' high byte: 2^-6 or 1024
-  const uint32_t bias_bits = tiny ? 0x24802480u : 0x64806480u;
-  const __half2 bias = *reinterpret_cast<const __half2*>(&bias_bits);
+  const uint32_t bias = tiny ? 0x24802480u : 0x64806480u;
   const uint32_t in[4] = {w.x ^ 0x80808080u, w.y ^ 0x80808080u, w.z ^ 0x80808080u, w.w ^ 0x80808080u};
   uint32_t out[8];
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
-    const uint32_t biased = __byte_perm(in[i / 2], top, (i & 1) ? 0x4342 : 0x4140);
-    const __half2 v = __hmul2(__hsub2(*reinterpret_cast<const __half2*>(&biased), bias), s1);
+    const uint32_t c = (i & 1) ? i8x2_flipped_to_half2_bits<1>(in[i / 2], top, bias)
+                               : i8x2_flipped_to_half2_bits<0>(in[i / 2], top, bias);
+    const __half2 v = __hmul2(*reinterpret_cast<const __half2*>(&c), s1);
     out[i] = *reinterpret_cast<const uint32_t*>(&v);
   }
   lo = make_uint4(out[0], out[1], out[2], out[3]);
@@ -1231,7 +1231,7 @@ __device__ __forceinline__ void copy_kv_items_8(const PagedAttentionArgs& a, con
           if constexpr (kAhead == 2) {
             const float2 f = *reinterpret_cast<const float2*>(wscales + n0);
             sc[0] = f.x;
-            sc[kAhead - 1] = f.y;
+            sc[1] = f.y;
           } else {
             sc[0] = wscales[n0];
           }
