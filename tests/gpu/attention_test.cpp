@@ -707,17 +707,8 @@ I8Pages i8_pages(const Config& c, int64_t num_blocks, uint32_t seed) {
   const auto vmag = random_floats(static_cast<size_t>(rows), seed + 1, -5.0f, 1.5f);
   const auto kf = random_floats(p.k.size(), seed + 2, -1.0f, 1.0f);
   const auto vf = random_floats(p.v.size(), seed + 3, -1.0f, 1.0f);
-  std::vector<float> row(static_cast<size_t>(c.hd));
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int pass = 0; pass < 2; ++pass) {
-      const float m = r % 23 == 5 ? 0.0f : std::pow(10.0f, (pass ? vmag : kmag)[static_cast<size_t>(r)]);
-      const auto& f = pass ? vf : kf;
-      for (int d = 0; d < c.hd; ++d) row[static_cast<size_t>(d)] = m * f[static_cast<size_t>(r * c.hd + d)];
-      auto& q = pass ? p.v : p.k;  // row r = slot * hk + head; its scale at kv_row_scale_index
-      (pass ? p.vs : p.ks)[static_cast<size_t>(ops::kv_row_scale_index(r / c.hk, r % c.hk, c.hk, c.block_size))] =
-          int8_row_quantize(row.data(), c.hd, reinterpret_cast<int8_t*>(q.data()) + r * c.hd);
-    }
-  }
+  i8_quantize_rows(kf, kmag, c.hd, c.hk, c.block_size, p.k.data(), p.ks.data());
+  i8_quantize_rows(vf, vmag, c.hd, c.hk, c.block_size, p.v.data(), p.vs.data());
   return p;
 }
 

@@ -47,6 +47,26 @@ inline std::vector<float> random_floats(size_t n, uint32_t seed, float lo = -1.0
   return v;
 }
 
+// I8 pages' codes of rows r = slot * hk + head, hd values each, as the KV
+// write stores them: row r (r < lg.size()) holds 10^lg[r] x f[r hd ..]
+// (all zeros where r % 23 == 5), quantised by int8_row_quantize into
+// codes[r hd ..], its scale at scales[ops::kv_row_scale_index(slot, head,
+// hk, bs)]; values, if given, gets code x scale at [r hd ..].
+inline void i8_quantize_rows(const std::vector<float>& f, const std::vector<float>& lg, int hd, int hk, int bs,
+                             uint8_t* codes, float* scales, float* values = nullptr) {
+  std::vector<float> row(static_cast<size_t>(hd));
+  for (int64_t r = 0; r < static_cast<int64_t>(lg.size()); ++r) {
+    const float m = r % 23 == 5 ? 0.0f : std::pow(10.0f, lg[static_cast<size_t>(r)]);
+    for (int d = 0; d < hd; ++d) row[static_cast<size_t>(d)] = m * f[static_cast<size_t>(r * hd + d)];
+    int8_t* q = reinterpret_cast<int8_t*>(codes) + r * hd;
+    const float sc = int8_row_quantize(row.data(), hd, q);
+    scales[ops::kv_row_scale_index(r / hk, r % hk, hk, bs)] = sc;
+    if (values != nullptr) {
+      for (int d = 0; d < hd; ++d) values[r * hd + d] = static_cast<float>(q[d]) * sc;
+    }
+  }
+}
+
 // 16-bit values of v (each rounded once), those values back as floats, and
 // the round trip: bf16 (to_bf16 / from_bf16 / round_bf16) and f16
 // (to_f16 / from_f16 / round_f16).

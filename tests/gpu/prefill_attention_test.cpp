@@ -90,20 +90,11 @@ class Problem {
     if (f8 == F8Pages::kI8) {
       const int64_t rows = static_cast<int64_t>(pages_) * bs * h.hk;
       auto codes = [&](uint32_t s, float lo, float hi, std::vector<float>& values, std::vector<float>& scales) {
-        const auto f = random_floats(kv_elems, s, -2, 2);
-        const auto mag = random_floats(static_cast<size_t>(rows), s + 1, lo, hi);
         std::vector<uint8_t> c(kv_elems);
-        std::vector<float> row(static_cast<size_t>(h.hd));
         values.resize(kv_elems);
         scales.assign(static_cast<size_t>(rows), 0.0f);
-        for (int64_t r = 0; r < rows; ++r) {  // row r = slot * hk + head
-          const float m = r % 23 == 5 ? 0.0f : std::pow(10.0f, mag[static_cast<size_t>(r)]);
-          for (int d = 0; d < h.hd; ++d) row[static_cast<size_t>(d)] = m * f[static_cast<size_t>(r * h.hd + d)];
-          int8_t* q = reinterpret_cast<int8_t*>(c.data()) + r * h.hd;
-          const float sc = int8_row_quantize(row.data(), h.hd, q);
-          scales[static_cast<size_t>(ops::kv_row_scale_index(r / h.hk, r % h.hk, h.hk, bs))] = sc;
-          for (int d = 0; d < h.hd; ++d) values[static_cast<size_t>(r * h.hd + d)] = static_cast<float>(q[d]) * sc;
-        }
+        i8_quantize_rows(random_floats(kv_elems, s, -2, 2), random_floats(static_cast<size_t>(rows), s + 1, lo, hi),
+                         h.hd, h.hk, bs, c.data(), scales.data(), values.data());
         return c;
       };
       std::vector<float> ks, vs;
