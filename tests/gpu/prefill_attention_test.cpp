@@ -15,6 +15,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstdio>
@@ -961,6 +962,47 @@ TEST_F(PrefillAttention, DISABLED_PrefillAttentionBench) {
   }
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
+}
+
+
+// Not a test: the host's time to enqueue one launch of the warp-specialised
+// wgmma kernel (variant 3), which with TMA copies includes encoding the
+// tensor maps of K, V (and I8's row scales) and q, against the same launch
+// with OSPREY_PREFILL_TMA=0 and OSPREY_PREFILL_TMA_Q=0 (no tensor maps):
+// median and mean over 400 launches of a 64-token prompt (Llama-3-8B
+// heads, pages of 16; the stream drained every 50 launches, outside the
+// timing), BF16, F8_E4M3 and I8 pages. A Llama-3-8B prompt step makes 32
+// such launches. Run with
+//   gpu_tests --gtest_also_run_disabled_tests --gtest_filter='*PrefillLaunchHostCost*'
+TEST_F(PrefillAttention, DISABLED_PrefillLaunchHostCost) {
+  if (!cuda::prefill_wgmma_available()) GTEST_SKIP() << "needs an sm_90 device and sm_90a code";
+  std::printf("%-8s %-18s %10s %10s\n", "pages", "copies", "median us", "mean us");
+  for (F8Pages codes : {F8Pages::kNone, F8Pages::kRandom, F8Pages::kI8}) {
+    Problem pb(gpu(), Heads{32, 8, 128, 0}, {{64, 0}}, 16, 7, 0.0f, DType::kBF16, codes);
+    const auto a = pb.args();
+    for (int mode = 0; mode < 3; ++mode) {  // 0: TMA K/V and q; 1: TMA K/V only; 2: no TMA
+      ASSERT_EQ(setenv("OSPREY_PREFILL_TMA", mode == 2 ? "0" : "1", 1), 0);
+      ASSERT_EQ(setenv("OSPREY_PREFILL_TMA_Q", mode == 0 ? "1" : "0", 1), 0);
+      std::vector<double> us;
+      for (int i = 0; i < 420; ++i) {
+        const auto t0 = std::chrono::steady_clock::now();
+        cuda::launch_prefill_attention_wgmma(a, nullptr, 3);
+        const auto t1 = std::chrono::steady_clock::now();
+        if (i >= 20) us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());  // 20 warm-ups
+        if (i % 50 == 49) {
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        }
+      }
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      std::sort(us.begin(), us.end());
+      const double mean = std::accumulate(us.begin(), us.end(), 0.0) / static_cast<double>(us.size());
+      const char* what = mode == 0 ? "tma k/v + tma q" : mode == 1 ? "tma k/v" : "cp.async";
+      const char* pages = codes == F8Pages::kNone ? "bf16" : codes == F8Pages::kI8 ? "i8" : "f8";
+      std::printf("%-8s %-18s %10.2f %10.2f\n", pages, what, us[us.size() / 2], mean);
+    }
+  }
+  ASSERT_EQ(unsetenv("OSPREY_PREFILL_TMA"), 0);
+  ASSERT_EQ(unsetenv("OSPREY_PREFILL_TMA_Q"), 0);
 }
 
 }  // namespace
