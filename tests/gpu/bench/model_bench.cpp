@@ -58,6 +58,13 @@
 // logits rows bit for bit, and times both.
 // --fp8 loads the model with quantization fp8 (the layers' projections in
 // E4M3, FP8 GEMMs; bytes/step and MBU then count the E4M3 weights).
+// --trace (where CUPTI is built in, OSPREY_HAVE_CUPTI): after each graph
+// replay timing, five more replays under CUPTI's concurrent-kernel activity
+// tracing; for the last, the step's first 24 kernels in order (start and
+// duration in us, gap after the kernel before: negative = overlap, PDL) and
+// the step summarised per kernel and grid (bench/kernel_timeline.h: busy,
+// and gating = the moments it was the oldest kernel running), with the five
+// traced walls against the untraced replay.
 // OSPREY_BENCH_SKIP=label[,label...] leaves those ops (breakdown labels,
 // e.g. rms_scale+silu_mul) out of every step: the time a fusion that
 // removed them could save at most.
@@ -68,6 +75,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <numeric>
 #include <thread>
@@ -77,8 +85,14 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_backend_impl.h"
+#include "bench/kernel_timeline.h"
 #include "model/model.h"
 #include "ops/decode_order.h"
+
+#if OSPREY_HAVE_CUPTI
+#include <cupti.h>
+#include <cxxabi.h>
+#endif
 
 namespace {
 
@@ -92,6 +106,89 @@ using namespace osprey;
       std::exit(1);                                                                           \
     }                                                                                         \
   } while (0)
+
+#if OSPREY_HAVE_CUPTI
+// CUPTI concurrent-kernel activity records, collected into g_spans.
+std::vector<bench::KernelSpan> g_spans;
+
+void CUPTIAPI trace_buffer_requested(uint8_t** buffer, size_t* size, size_t* max_records) {
+  *size = size_t{16} << 20;
+  *buffer = static_cast<uint8_t*>(std::aligned_alloc(8, *size));
+  *max_records = 0;
+}
+
+void CUPTIAPI trace_buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, size_t valid) {
+  CUpti_Activity* rec = nullptr;
+  while (cuptiActivityGetNextRecord(buffer, valid, &rec) == CUPTI_SUCCESS) {
+    if (rec->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) continue;
+    const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(rec);
+    int status = 0;
+    char* dem = abi::__cxa_demangle(k->name, nullptr, nullptr, &status);
+    std::string name = bench::short_kernel_name(status == 0 && dem != nullptr ? dem : k->name);
+    std::free(dem);
+    name += " [" + std::to_string(k->gridX) + (k->gridY > 1 || k->gridZ > 1 ? "x" + std::to_string(k->gridY) : "") +
+            (k->gridZ > 1 ? "x" + std::to_string(k->gridZ) : "") + "]";
+    g_spans.push_back({name, k->start, k->end});
+  }
+  std::free(buffer);
+}
+
+#define CUPTI_CK(x)                                                           \
+  do {                                                                        \
+    CUptiResult r_ = (x);                                                     \
+    if (r_ != CUPTI_SUCCESS) {                                                \
+      const char* m_ = nullptr;                                               \
+      cuptiGetResultString(r_, &m_);                                          \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, m_);     \
+      return;                                                                 \
+    }                                                                         \
+  } while (0)
+
+// Five replays of `launch` (drained with `sync`) under kernel activity
+// tracing; prints the last one's kernels and summary (--trace).
+void trace_replays(const std::function<void()>& launch, const std::function<void()>& sync, double untraced_ms) {
+  CUPTI_CK(cuptiActivityRegisterCallbacks(trace_buffer_requested, trace_buffer_completed));
+  CUPTI_CK(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL));
+  std::vector<std::pair<uint64_t, uint64_t>> windows;
+  for (int r = 0; r < 5; ++r) {
+    sync();
+    uint64_t t0 = 0, t1 = 0;
+    CUPTI_CK(cuptiGetTimestamp(&t0));
+    launch();
+    sync();
+    CUPTI_CK(cuptiGetTimestamp(&t1));
+    windows.emplace_back(t0, t1);
+  }
+  CUPTI_CK(cuptiActivityFlushAll(1));
+  CUPTI_CK(cuptiActivityDisable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL));
+  std::vector<bench::KernelSpan> last;
+  std::printf("  trace (CUPTI, graph replay): walls");
+  for (const auto& [t0, t1] : windows) {
+    std::vector<bench::KernelSpan> in;
+    for (const auto& sp : g_spans)
+      if (sp.start_ns >= t0 && sp.end_ns <= t1) in.push_back(sp);
+    std::printf(" %.1f", bench::summarize_kernel_timeline(in).wall_us);
+    last = std::move(in);
+  }
+  std::printf(" us (untraced replay %.1f us)\n", untraced_ms * 1e3);
+  g_spans.clear();
+  std::sort(last.begin(), last.end(), [](const auto& a, const auto& b) { return a.start_ns < b.start_ns; });
+  if (last.empty()) return;
+  std::printf("  %-44s %9s %9s %9s\n", "first kernels of the last traced step", "start us", "dur us", "gap us");
+  uint64_t prev_end = last.front().start_ns;
+  for (size_t i = 0; i < last.size() && i < 24; ++i) {
+    const auto& sp = last[i];
+    std::printf("  %-44s %9.2f %9.2f %9.2f\n", sp.name.c_str(), (sp.start_ns - last.front().start_ns) * 1e-3,
+                (sp.end_ns - sp.start_ns) * 1e-3, (static_cast<double>(sp.start_ns) - static_cast<double>(prev_end)) * 1e-3);
+    prev_end = sp.end_ns;
+  }
+  std::printf("%s", bench::format_kernel_timeline(bench::summarize_kernel_timeline(last)).c_str());
+}
+#else
+void trace_replays(const std::function<void()>&, const std::function<void()>&, double) {
+  std::printf("  trace: this model_bench was built without CUPTI\n");
+}
+#endif
 
 // Forwards every op to the CUDA backend; when on, brackets each call with
 // CUDA events on the backend's stream and files the time under a label.
@@ -571,6 +668,7 @@ int main(int argc, char** argv) {
   int mixed = 0;
   double ctx_spread = 0;
   bool profile_step = false;
+  bool trace = false;
   bool graph_edges = false;
   bool pdl_gemm = false;
   bool fp8 = false;
@@ -600,6 +698,8 @@ int main(int argc, char** argv) {
       graph_edges = true;
     } else if (a == "--profile-step") {
       profile_step = true;
+    } else if (a == "--trace") {
+      trace = true;
     } else if (a == "--scatter") {
       scatter = true;
     } else if (a == "--ttft-reps" && has_value) {
@@ -791,15 +891,17 @@ int main(int argc, char** argv) {
                            static_cast<double>(model.kv_bytes_per_token()) * ctx * batch;
       // The same step captured in a CUDA graph and replayed (no launch gaps).
       double gms = 0;
+      std::unique_ptr<ops::Backend::Graph> graph;
       if (cuda_be->supports_graphs()) {
         cuda_be->begin_capture();
         model.forward(s.fb, kv);
-        auto graph = cuda_be->end_capture();
+        graph = cuda_be->end_capture();
         if (graph) gms = time_ms([&] { graph->launch(); });
       }
       std::printf("  %8d %10.3f %8.1f %10.2f %6.1f%%   graph replay: %.3f ms/step, %.1f tok/s, MBU %.1f%%\n", ctx, ms,
                   1000.0 * batch / ms, bytes / 1e9, 100.0 * bytes / (ms * 1e-3) / 1e9 / copy_gbs, gms,
                   gms > 0 ? 1000.0 * batch / gms : 0, gms > 0 ? 100.0 * bytes / (gms * 1e-3) / 1e9 / copy_gbs : 0);
+      if (trace && graph) trace_replays([&] { graph->launch(); }, [&] { be.synchronize(); }, gms);
       if (pdl_gemm) {
         pdl_gemm = false;  // the first pair only
         pdl_gemm_experiment(impl->stream(), be, [&] { return model.forward(s.fb, kv); },
