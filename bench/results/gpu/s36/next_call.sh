@@ -20,7 +20,7 @@ o=$OUT/r; mkdir -p $o
 pack() { tar -czf $OUT/all.tgz -C $o . 2>/dev/null; }
 OUT=$o STEPS=build bash bench/gpu/session.sh >/dev/null 2>&1; echo "build rc=$? at $SECONDS" | tee -a $o/summary.txt
 OUT=$o AB_PATCH="bench/results/gpu/s36/decode_trigger_start.diff bench/results/gpu/s36/decode_trigger_after_loop.diff bench/results/gpu/s36/decode_trigger_l2pre.diff" \
-  AB_TEST='AttentionTest.*Decode*:FusedDecodeTest.*:MatmulAddTest.DecodeChain*:NormMatmulTest.DecodeChain*' \
+  AB_TEST='AttentionTest.Decode16OneSequenceEveryUsedSplitCount:AttentionTest.Decode16SplitMergeRepeatsAndGraphReplays:FusedDecodeTest.AttentionChain*:MatmulAddTest.DecodeChain*:MatmulTest.DecodeChain*:NormMatmulTest.DecodeChain*' \
   AB_RUNS="l8||model_bench llama-3-8b bfloat16 --decode-only --ctx 512 --ctx 2048 --ctx 8192 --trace;l1||model_bench llama-3.2-1b bfloat16 --decode-only --ctx 512 --ctx 2048 --trace;sm||model_bench smollm2-135m bfloat16 --decode-only --ctx 2048;b8||model_bench llama-3-8b bfloat16 --decode-only --ctx 2048 --batch 8" \
   AB_ROUNDS=2 timeout 450 bash bench/gpu/ab.sh
 echo "ab rc=$? at $SECONDS" | tee -a $o/summary.txt; grep -E "PASSED|FAILED|rc=[1-9]" $o/ab.log | tee -a $o/summary.txt
