@@ -964,7 +964,6 @@ TEST_F(PrefillAttention, DISABLED_PrefillAttentionBench) {
   cudaEventDestroy(e1);
 }
 
-
 // Not a test: the host's time to enqueue one launch of the warp-specialised
 // wgmma kernel (variant 3), which with TMA copies includes encoding the
 // tensor maps of K, V (and I8's row scales) and q, against the same launch

@@ -9,40 +9,44 @@ namespace osprey::bench {
 KernelTimeline summarize_kernel_timeline(const std::vector<KernelSpan>& spans) {
   KernelTimeline t;
   if (spans.empty()) return t;
-  std::vector<uint64_t> cuts;
-  uint64_t first = UINT64_MAX, last = 0;
+  // The spans with end >= start and their rows (std::map: stable addresses).
+  struct Span {
+    uint64_t start, end;
+    KernelTimelineRow* row;
+  };
   std::map<std::string, KernelTimelineRow> rows;
+  std::vector<Span> ss;
+  std::vector<uint64_t> cuts;
   for (const KernelSpan& s : spans) {
-    const uint64_t end = std::max(s.start_ns, s.end_ns);
-    cuts.push_back(s.start_ns);
-    cuts.push_back(end);
-    first = std::min(first, s.start_ns);
-    last = std::max(last, end);
     KernelTimelineRow& r = rows[s.name];
     r.name = s.name;
     ++r.calls;
-    r.busy_us += static_cast<double>(end - s.start_ns) * 1e-3;
+    const Span sp{s.start_ns, std::max(s.start_ns, s.end_ns), &r};
+    r.busy_us += static_cast<double>(sp.end - sp.start) * 1e-3;
+    ss.push_back(sp);
+    cuts.push_back(sp.start);
+    cuts.push_back(sp.end);
   }
   std::sort(cuts.begin(), cuts.end());
   cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
-  t.wall_us = static_cast<double>(last - first) * 1e-3;
+  t.wall_us = static_cast<double>(cuts.back() - cuts.front()) * 1e-3;
   // Each elementary interval between consecutive cuts: the spans covering
   // it all cover it whole; charge it to the one that started first.
   for (size_t i = 0; i + 1 < cuts.size(); ++i) {
     const uint64_t lo = cuts[i], hi = cuts[i + 1];
     const double us = static_cast<double>(hi - lo) * 1e-3;
-    const KernelSpan* oldest = nullptr;
+    const Span* oldest = nullptr;
     int running = 0;
-    for (const KernelSpan& s : spans) {
-      if (s.start_ns <= lo && std::max(s.start_ns, s.end_ns) >= hi) {
+    for (const Span& s : ss) {
+      if (s.start <= lo && s.end >= hi) {
         ++running;
-        if (oldest == nullptr || s.start_ns < oldest->start_ns) oldest = &s;
+        if (oldest == nullptr || s.start < oldest->start) oldest = &s;
       }
     }
     if (oldest == nullptr) {
       t.idle_us += us;
     } else {
-      rows[oldest->name].gating_us += us;
+      oldest->row->gating_us += us;
       if (running >= 2) t.overlap_us += us;
     }
   }
@@ -69,7 +73,8 @@ std::string format_kernel_timeline(const KernelTimeline& t) {
 }
 
 std::string short_kernel_name(std::string_view n) {
-  // Drop the parameter list: the last '(' at template depth 0.
+  // Drop the parameter list: from the first '(' at template depth 0 that
+  // does not open "(anonymous namespace)".
   int depth = 0;
   size_t params = std::string_view::npos;
   for (size_t i = 0; i < n.size(); ++i) {

@@ -147,7 +147,11 @@ void CUPTIAPI trace_buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_
 // Five replays of `launch` (drained with `sync`) under kernel activity
 // tracing; prints the last one's kernels and summary (--trace).
 void trace_replays(const std::function<void()>& launch, const std::function<void()>& sync, double untraced_ms) {
-  CUPTI_CK(cuptiActivityRegisterCallbacks(trace_buffer_requested, trace_buffer_completed));
+  static bool registered = false;  // once a process (every --ctx / --batch pair traces)
+  if (!registered) {
+    CUPTI_CK(cuptiActivityRegisterCallbacks(trace_buffer_requested, trace_buffer_completed));
+    registered = true;
+  }
   CUPTI_CK(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL));
   std::vector<std::pair<uint64_t, uint64_t>> windows;
   for (int r = 0; r < 5; ++r) {
