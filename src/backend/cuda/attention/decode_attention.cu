@@ -60,10 +60,11 @@
 // layer's attention time. OSPREY_DECODE_MERGE=kernel (read once) keeps the
 // combine kernel: the A/B switch. The kernel is launched with programmatic
 // dependent launch after qkv_rope_kv_write (its pre-wait part: the comment
-// at the top of mma_decode_kernel) but never triggers its own dependents (a
-// trigger after the key loop, letting the o-projection GEMV load weights
-// during the merges, was 0.02-0.03 ms per step slower on an H100:
-// docs/cuda.md).
+// at the top of mma_decode_kernel) and triggers its own dependents at its
+// start, so the o-projection GEMV's blocks become resident and load their
+// first weight chunks while attention runs (H200, session 37: batch-1
+// steps 1-4.5% faster; a trigger after the key loop measured in between,
+// and on an H100 in session 12 0.02-0.03 ms slower than none: docs/cuda.md).
 //
 // A decode step has one query token per sequence (num_tokens == num_seqs and
 // max_q_len <= 1, checked by the backend), so the tensor-core kernel takes
@@ -459,6 +460,11 @@ __global__ void __launch_bounds__(kMmaThreads) mma_decode_kernel(PagedAttentionA
   // every (KV head, split) block of one sequence before the next: short
   // sequences' blocks fill the end of the grid instead of a long one's
   // starting late. A host-written array: read before pdl_wait (below).
+  // Lets the next kernel (the o projection's GEMV, launched with PDL)
+  // become resident at once and load its weights while this one runs
+  // (without it, session 36's trace showed the GEMV starting only as this
+  // grid exited). Its pdl_wait still waits for this whole grid.
+  pdl_launch_dependents();
   int seq = blockIdx.x;
   int y = blockIdx.y;
   int split = blockIdx.z;
