@@ -252,7 +252,11 @@ struct PagedAttentionArgs {
   int block_size = 0;
   int hq = 0, hk = 0, hd = 0;
   int num_seqs = 0, num_tokens = 0, max_q_len = 0, max_kv_len = 0;
-  const int32_t* q_indptr = nullptr;       // [num_seqs + 1]
+  // A sub-batch's first token (a mixed step's prompt part after its leading
+  // decodes): q_indptr and positions stay absolute, so q and out hold
+  // token_offset + num_tokens rows (the wgmma kernel's Q tensor map spans them).
+  int token_offset = 0;
+  const int32_t* q_indptr = nullptr;       // [num_seqs + 1], from token_offset
   const int32_t* kv_lens = nullptr;        // [num_seqs]
   const int32_t* block_indptr = nullptr;   // [num_seqs + 1]
   const int32_t* block_indices = nullptr;  // [block_indptr[num_seqs]]

@@ -151,6 +151,7 @@ void CudaBackend::paged_attention(const Tensor& q, const ops::LayerKv& kv, const
     PagedAttentionArgs p = a;
     p.num_seqs = a.num_seqs - lead;
     p.num_tokens = a.num_tokens - lead;
+    p.token_offset = a.token_offset + lead;
     p.q_indptr += lead;
     p.kv_lens += lead;
     p.block_indptr += lead;

@@ -1584,8 +1584,11 @@ bool q_tensor_map(const PagedAttentionArgs& a, CUtensorMap& m) {
   const EncodeTiled enc = encode_tiled();
   if (enc == nullptr) return false;
   const cuuint64_t esz = 2;  // BF16 / F16
+  // Every row q holds: a sub-batch's token indices are absolute (a mixed
+  // step's prompt part starts at token_offset; rows past the map's extent
+  // would load as zeros).
   const cuuint64_t dims[3] = {static_cast<cuuint64_t>(a.hd), static_cast<cuuint64_t>(a.hq),
-                              static_cast<cuuint64_t>(a.num_tokens)};
+                              static_cast<cuuint64_t>(a.token_offset) + static_cast<cuuint64_t>(a.num_tokens)};
   const cuuint64_t strides[2] = {a.hd * esz, static_cast<cuuint64_t>(a.hq) * a.hd * esz};
   const cuuint32_t box[3] = {64, static_cast<cuuint32_t>(group), static_cast<cuuint32_t>(kM / group)};
   const cuuint32_t elem_strides[3] = {1, 1, 1};
