@@ -10,7 +10,10 @@
 # out of). Builds A with session.sh's build step and keeps the binaries the
 # runs name; then, for each patch, applies it, rebuilds those binaries
 # (ninja: only what the patch touches), keeps them and takes the patch back
-# out. AB_TEST (a gtest filter) runs gpu_tests of every variant, A too. Each
+# out. AB_TEST (a gtest filter) runs gpu_tests of every variant, A too (a
+# narrow filter keeps the call short; before a change lands, run the whole
+# gpu_tests, session.sh's gputests step, ~3 minutes: session 37 found a
+# bug two sessions' filters had missed). Each
 # AB_RUNS entry runs AB_ROUNDS times (default 2), the variants alternating
 # (A r1, B r1, [C r1,] A r2, B r2, ...), its environment set from the
 # entry's VAR=value words, its output in $OUT/ab/<tag>_<variant>_r<n>.txt.
