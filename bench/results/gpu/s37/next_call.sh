@@ -1,25 +1,24 @@
 #!/usr/bin/env bash
 # Prepared in session 37 for the next session (not run; carry [".debs"];
-# ~6 minutes, timeout 560). Session 37's trace (PERF.md "Where a batch-1
+# ~4 minutes, timeout 400). Session 37's trace (PERF.md "Where a batch-1
 # layer's time goes now"): a Llama-3-8B batch-1 layer takes ~122 us against
 # ~98 us of weight reads; the qkv, o and down GEMVs each wait on their
 # predecessor with only the first 4 KB of a row loaded (in registers), then
 # start their DRAM reads. The L2 is 50 MB but every GEMV streams its
 # weights through it with the default policy.
 #   A = main
-#   B = gemv_evict_first.diff: every batch-1 / folded-norm GEMV weight load
-#       with an L2 evict-first policy (createpolicy + ld.global.nc.L2::cache_hint)
-#   C = gemv_l2_next.diff: before its wait, each warp also asks L2
+#   B = gemv_l2_next.diff: before its wait, each warp also asks L2
 #       (prefetch.global.L2::evict_last) for the next 4 KB of its first row
-#   D = B + C (the prefetched lines then stand a chance against the
-#       streamed ones)
-# All three compile for sm_90a without new spills; none has run.
+# (Session 37's call 5 ran B together with an L2 evict-first policy on
+# every weight load, gemv_evict_first_l2_next.diff: +8% on the 8B step,
+# every GEMV 4-16% slower alone, lm_head included, so the policy is the
+# likely cost; B alone has not run.) Compiles for sm_90a without new spills.
 set -uo pipefail
 o=$OUT/r; mkdir -p $o
 pack() { tar -czf $OUT/all.tgz -C $o . 2>/dev/null; }
 OUT=$o STEPS=build bash bench/gpu/session.sh >/dev/null 2>&1; echo "build rc=$? at $SECONDS" | tee -a $o/summary.txt
 d=bench/results/gpu/s37
-OUT=$o AB_PATCH="$d/gemv_evict_first.diff $d/gemv_l2_next.diff $d/gemv_evict_first_l2_next.diff" \
+OUT=$o AB_PATCH="$d/gemv_l2_next.diff" \
   AB_TEST='MatmulTest.AllDtypesAcrossPathThresholds:MatmulTest.DenseOddKAndUnalignedActivations:MatmulTest.LongRows:MatmulTest.DecodeChain*:MatmulAddTest.MatchesFloat64*:MatmulAddTest.DecodeChain*:NormMatmulTest.*:FusedDecodeTest.*:Fp8MatmulTest.*' \
   AB_RUNS="l8||model_bench llama-3-8b bfloat16 --decode-only --ctx 512 --ctx 2048 --trace;l1||model_bench llama-3.2-1b bfloat16 --decode-only --ctx 512 --ctx 2048 --trace;sm||model_bench smollm2-135m bfloat16 --decode-only --ctx 2048;f8||model_bench llama-3-8b bfloat16 --decode-only --ctx 2048 --fp8;b8||model_bench llama-3-8b bfloat16 --decode-only --ctx 2048 --batch 8" \
   AB_ROUNDS=2 timeout 470 bash bench/gpu/ab.sh
