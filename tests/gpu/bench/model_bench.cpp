@@ -147,11 +147,8 @@ void CUPTIAPI trace_buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_
 // Five replays of `launch` (drained with `sync`) under kernel activity
 // tracing; prints the last one's kernels and summary (--trace).
 void trace_replays(const std::function<void()>& launch, const std::function<void()>& sync, double untraced_ms) {
-  static bool registered = false;  // until the cuptiFinalize below
-  if (!registered) {
-    CUPTI_CK(cuptiActivityRegisterCallbacks(trace_buffer_requested, trace_buffer_completed));
-    registered = true;
-  }
+  // Registered afresh each call: the cuptiFinalize below detaches CUPTI.
+  CUPTI_CK(cuptiActivityRegisterCallbacks(trace_buffer_requested, trace_buffer_completed));
   CUPTI_CK(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL));
   std::vector<std::pair<uint64_t, uint64_t>> windows;
   for (int r = 0; r < 5; ++r) {
@@ -169,9 +166,8 @@ void trace_replays(const std::function<void()>& launch, const std::function<void
   // attached, it slowed every later untraced graph replay of the process
   // (session 37, H200: Llama-3-8B batch 1 at 2048 keys after a trace at 512
   // read 4.26-4.28 ms against 4.17 ms of kernels; 4.17 with this detach,
-  // the same as a run without --trace). The next call registers again.
+  // the same as a run without --trace).
   CUPTI_CK(cuptiFinalize());
-  registered = false;
   std::vector<bench::KernelSpan> last;
   std::printf("  trace (CUPTI, graph replay): walls");
   for (const auto& [t0, t1] : windows) {
